@@ -5,6 +5,12 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Names are kept here (not imported from trainer.algorithms) so validating a config never imports torch.
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "rollout_mean")
+DTYPES = ("float32", "bfloat16")
+MODES = ("sync", "async")
+
 
 class ConfigError(ValueError):
     """An impossible or malformed configuration; the message names the field and the fix."""
@@ -23,22 +29,62 @@ class TrainerConfig:
     learning_rate: float = 1e-5
     """AdamW learning rate."""
     temperature: float = 0.7
-    """Sampling temperature used by the engine for rollouts."""
+    """Sampling temperature used by the engine for rollouts; the trainer scales logits by it too."""
     mode: str = "sync"
-    """Scheduling mode: 'sync' or 'async'."""
+    """Scheduling mode: 'sync' (generate, train, sync weights) or 'async' (groups stay in flight while training)."""
     seed: int = 0
     """Seed for task sampling and torch."""
+    advantage: str = "grpo"
+    """Advantage estimator over a group: 'grpo' (mean/std), 'dr_grpo' (mean only) or 'rloo' (leave-one-out)."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation: 'token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm' or 'rollout_mean'."""
+    loss_norm_tokens: int = 0
+    """Divisor of 'seq_mean_token_sum_norm' (Dr. GRPO's constant); 0 means the longest sample in the step."""
+    adv_eps: float = 1e-6
+    """Added to the group std in 'grpo' so equal-reward groups do not divide by zero."""
+    clip_low: float = 0.2
+    """PPO-clip lower bound: the ratio is clipped at 1 - clip_low for negative advantages."""
+    clip_high: float = 0.28
+    """PPO-clip upper bound: the ratio is clipped at 1 + clip_high for positive advantages (clip-higher)."""
+    tis_cap: float = 2.0
+    """Cap of the truncated importance weight pi_old / pi_behaviour; 0 disables the correction."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the frozen initial model; 0 keeps no reference model."""
+    updates_per_step: int = 1
+    """Optimizer steps per training step (the batch is split into this many mini-batches)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one packed micro-batch (gradients accumulate over micro-batches)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; 0 disables clipping."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    dtype: str = "float32"
+    """Training compute dtype: 'float32' or 'bfloat16' (autocast; weights and optimizer stay float32)."""
+    max_staleness: int = 1
+    """Async only: the most policy versions a trained sample may lag behind the policy it updates."""
+    groups_in_flight: int = 0
+    """Async only: most groups launched and not yet trained; 0 means tasks_per_step * (max_staleness + 1)."""
+    pass_threshold: float = 1.0
+    """A rollout with reward at least this counts as a pass in the pass-rate metric."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     extra: dict = field(default_factory=dict)
     """Free-form notes carried along with the config (not interpreted)."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "tasks_per_step", "group_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
-        if self.mode not in ("sync", "async"):
-            raise ConfigError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        for check in (_check_sizes, _check_names, _check_optimisation, _check_scheduling):
+            check(self)
+
+    @property
+    def effective_groups_in_flight(self) -> int:
+        """Groups the scheduler keeps launched: exactly one step's worth in sync mode."""
+        if self.mode == "sync":
+            return self.tasks_per_step
+        return self.groups_in_flight or self.tasks_per_step * (self.max_staleness + 1)
+
+    @property
+    def effective_max_staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.max_staleness
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TrainerConfig":
@@ -55,6 +101,58 @@ class TrainerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_sizes(c: TrainerConfig) -> None:
+    for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens"):
+        if getattr(c, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(c, name)}; set {name} >= 1")
+    for name in ("loss_norm_tokens", "max_staleness", "groups_in_flight", "checkpoint_every"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name} must not be negative, got {getattr(c, name)}; set {name} >= 0")
+
+
+def _check_names(c: TrainerConfig) -> None:
+    for name, valid in (("mode", MODES), ("advantage", ADVANTAGE_ESTIMATORS),
+                        ("loss_agg", LOSS_AGGREGATIONS), ("dtype", DTYPES)):
+        if getattr(c, name) not in valid:
+            raise ConfigError(f"{name} must be one of {list(valid)}, got {getattr(c, name)!r}")
+    if c.group_size < 2 and c.advantage in ("grpo", "rloo"):
+        raise ConfigError(f"advantage={c.advantage!r} needs a group baseline: with group_size=1 every "
+                          "advantage is 0; set group_size >= 2")
+
+
+def _check_optimisation(c: TrainerConfig) -> None:
+    if c.learning_rate <= 0:
+        raise ConfigError(f"learning_rate must be positive, got {c.learning_rate}; set e.g. 1e-5")
+    if c.temperature <= 0:
+        raise ConfigError(f"temperature must be positive (greedy decoding has no usable logprobs), "
+                          f"got {c.temperature}; set e.g. 0.7")
+    if not 0 < c.clip_low < 1:
+        raise ConfigError(f"clip_low must be in (0, 1) so 1 - clip_low stays positive, got {c.clip_low}; set e.g. 0.2")
+    if c.clip_high <= 0:
+        raise ConfigError(f"clip_high must be positive, got {c.clip_high}; set e.g. 0.28")
+    if c.tis_cap != 0 and c.tis_cap < 1:
+        raise ConfigError(f"tis_cap below 1 would down-weight even on-policy tokens, got {c.tis_cap}; "
+                          "set tis_cap >= 1 or 0 to disable the correction")
+    for name in ("kl_coef", "max_grad_norm", "weight_decay", "adv_eps"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name} must not be negative, got {getattr(c, name)}; set {name} >= 0")
+    if c.updates_per_step > c.tasks_per_step * c.group_size:
+        raise ConfigError(f"updates_per_step={c.updates_per_step} exceeds the rollouts per step "
+                          f"({c.tasks_per_step * c.group_size}); lower updates_per_step or raise tasks_per_step")
+
+
+def _check_scheduling(c: TrainerConfig) -> None:
+    if c.mode == "async" and c.max_staleness < 1:
+        raise ConfigError("mode='async' with max_staleness=0 cannot keep any group in flight while training; "
+                          "set max_staleness >= 1 or mode='sync'")
+    if c.mode == "sync" and c.groups_in_flight not in (0, c.tasks_per_step):
+        raise ConfigError(f"mode='sync' launches exactly tasks_per_step={c.tasks_per_step} groups per step; "
+                          "set groups_in_flight=0 or mode='async'")
+    if c.groups_in_flight and c.groups_in_flight < c.tasks_per_step:
+        raise ConfigError(f"groups_in_flight={c.groups_in_flight} can never fill a step of tasks_per_step="
+                          f"{c.tasks_per_step} groups; set groups_in_flight >= {c.tasks_per_step} or 0 for auto")
 
 
 def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:

@@ -1,0 +1,151 @@
+"""Samples from recorded calls: clean appends merge, forks split, realign never weights unproven tokens."""
+from hypothesis import given, settings, strategies as st
+
+import pytest
+
+from trainer.samples import CallRecord, build_samples, realign_cut
+
+LETTERS = {i: chr(ord("a") + i) for i in range(26)}
+BIGRAMS = {100: "ab", 101: "cd", 102: "ef"}
+VOCAB = {**LETTERS, **BIGRAMS}
+MERGE = {(0, 1): 100, (2, 3): 101, (4, 5): 102}
+
+
+def decode(ids):
+    return "".join(VOCAB[i] for i in ids)
+
+
+def retokenize(ids):
+    """The same text with letter pairs merged into bigram tokens, as a harness re-render might produce."""
+    out, i = [], 0
+    while i < len(ids):
+        pair = tuple(ids[i:i + 2])
+        if pair in MERGE:
+            out.append(MERGE[pair])
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def call(seq, prompt, completion, version=0):
+    return CallRecord(seq, tuple(prompt), tuple(completion), tuple(-0.1 * (seq + 1) - 0.01 * j
+                                                                   for j in range(len(completion))),
+                      policy_version=version)
+
+
+tokens = st.lists(st.integers(0, 25), min_size=1, max_size=6)
+turns = st.lists(st.tuples(tokens, tokens), min_size=1, max_size=5)
+
+
+def conversation(system, turn_list, seq0=0, rerender=lambda ids: ids):
+    """Calls of one append-only chat: prompt = history; history += completion + inserted tool/user tokens."""
+    calls, history = [], list(system)
+    for i, (completion, inserted) in enumerate(turn_list):
+        calls.append(call(seq0 + i, history, completion))
+        history = rerender(history + completion) + inserted
+    return calls
+
+
+def assert_every_weight_proven(result, calls):
+    """Weighted tokens are exactly a call's sampled ids, and what precedes them spells that call's prompt."""
+    by_seq = {c.seq: c for c in calls}
+    for sample in result.samples:
+        weighted = [0] * len(sample.token_ids)
+        for span in sample.spans:
+            if not span.sampled:
+                continue
+            c = by_seq[span.call_seq]
+            assert sample.token_ids[span.start:span.end] == c.completion_ids
+            assert sample.logprobs[span.start:span.end] == c.logprobs
+            assert decode(sample.token_ids[:span.start]) == decode(c.prompt_ids)
+            weighted[span.start:span.end] = [1] * (span.end - span.start)
+        assert list(sample.loss_mask) == weighted
+
+
+@settings(max_examples=60, deadline=None)
+@given(system=tokens, turn_list=turns)
+def test_it_merges_append_only_conversation_into_one_sample(system, turn_list):
+    calls = conversation(system, turn_list)
+    result = build_samples(calls)
+    assert len(result.samples) == 1
+    sample = result.samples[0]
+    assert list(sample.token_ids) == list(calls[-1].prompt_ids) + list(calls[-1].completion_ids)
+    weighted = [t for t, m in zip(sample.token_ids, sample.loss_mask) if m]
+    assert weighted == [t for c in calls for t in c.completion_ids]
+    assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m] == [lp for c in calls for lp in c.logprobs]
+    assert set(result.drift.values()) == {"clean"}
+    assert sample.call_seqs == tuple(range(len(calls)))
+    assert sample.build == ("merged" if len(calls) > 1 else "single")
+    assert_every_weight_proven(result, calls)
+
+
+@settings(max_examples=60, deadline=None)
+@given(main=turns, sub=turns, system=tokens)
+def test_it_splits_interleaved_forks_into_their_own_samples(main, sub, system):
+    main_calls = conversation([26 - 1] + system, main)  # 'z' opens the main agent's context
+    sub_calls = conversation([24] + system, sub, seq0=len(main))  # 'y' opens the sub-agent's
+    # Interleave: sub-agent calls happen after the first main call, the main agent then continues.
+    order = [main_calls[0], *sub_calls, *main_calls[1:]]
+    calls = [CallRecord(i, c.prompt_ids, c.completion_ids, c.logprobs) for i, c in enumerate(order)]
+    result = build_samples(calls)
+    assert len(result.samples) == 2
+    main_sample, sub_sample = result.samples
+    assert main_sample.call_seqs == (0, *range(1 + len(sub), len(calls)))
+    assert sub_sample.call_seqs == tuple(range(1, 1 + len(sub)))
+    assert result.drift[1] == "fork"
+    assert [result.drift[s] for s in main_sample.call_seqs] == ["clean"] * len(main)
+    assert_every_weight_proven(result, calls)
+
+
+@settings(max_examples=60, deadline=None)
+@given(system=tokens, turn_list=turns, with_decode=st.booleans())
+def test_it_never_weights_unproven_tokens_when_history_is_retokenized(system, turn_list, with_decode):
+    calls = conversation(system, turn_list, rerender=retokenize)
+    result = build_samples(calls, decode=decode if with_decode else None)
+    assert_every_weight_proven(result, calls)
+    weighted = sum(s.num_loss_tokens for s in result.samples)
+    assert weighted == sum(len(c.completion_ids) for c in calls)  # every call's completion is trained once
+    if not with_decode:
+        assert all(kind != "realign" for kind in result.drift.values())
+    else:
+        assert len(result.samples) == 1  # text always matches, so every retokenized call realigns
+        assert result.samples[0].build in ("single", "merged", "realigned")
+
+
+def test_it_masks_inserted_tool_tokens_in_a_hand_built_two_call_rollout():
+    calls = [call(0, [7, 8], [1, 2]), call(1, [7, 8, 1, 2, 9, 9], [3], version=1)]
+    sample, = build_samples(calls).samples
+    assert sample.token_ids == (7, 8, 1, 2, 9, 9, 3)
+    assert sample.loss_mask == (0, 0, 1, 1, 0, 0, 1)
+    assert sample.logprobs == pytest.approx((0, 0, -0.1, -0.11, 0, 0, -0.2))
+    assert sample.versions == (-1, -1, 0, 0, -1, -1, 1)
+    assert sample.min_version == 0
+    assert [(s.call_seq, s.start, s.end, s.sampled) for s in sample.spans] == [
+        (0, 0, 2, False), (0, 2, 4, True), (1, 4, 6, False), (1, 6, 7, True)]
+
+
+def test_it_splices_sampled_ids_back_when_the_next_prompt_spells_the_same_text():
+    # The engine sampled 'a','b' (ids 0, 1); the harness re-rendered them as the bigram 'ab' (id 100).
+    calls = [call(0, [25], [0, 1]), call(1, [25, 100, 7], [2])]
+    result = build_samples(calls, decode=decode)
+    sample, = result.samples
+    assert result.drift == {0: "clean", 1: "realign"}
+    assert sample.token_ids == (25, 0, 1, 7, 2)
+    assert sample.loss_mask == (0, 1, 1, 0, 1)
+    assert sample.build == "realigned"
+    assert realign_cut([25, 0, 1], [25, 100, 7], decode) == 2
+    assert realign_cut([25, 0, 1], [25, 101, 7], decode) is None
+
+
+def test_it_forks_when_the_text_differs_and_drops_calls_without_completion():
+    calls = [call(0, [25], [0, 1]), call(1, [25, 2, 3], []), call(2, [24], [5])]
+    result = build_samples(calls, decode=decode)
+    assert result.drift == {0: "clean", 1: "fork", 2: "fork"}
+    assert [s.token_ids for s in result.samples] == [(25, 0, 1), (24, 5)]
+
+
+def test_it_rejects_logprobs_that_do_not_match_the_completion():
+    with pytest.raises(ValueError, match="1 logprobs for 2 completion ids"):
+        CallRecord(0, (1,), (2, 3), (-0.5,))

@@ -1,0 +1,166 @@
+"""Training samples from one rollout's recorded calls: clean appends, realigned splices, forks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+CLEAN, REALIGN, FORK = "clean", "realign", "fork"
+DRIFT_CLASSES = (CLEAN, REALIGN, FORK)
+
+Decode = Callable[[Sequence[int]], str]
+"""Token ids -> text (e.g. ``tokenizer.decode``); needed to prove that two token runs spell the same text."""
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One recorded model call as the trainer sees it: the engine's exact ids and sampled-token logprobs."""
+
+    seq: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str = "stop"
+    policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(f"call {self.seq}: {len(self.logprobs)} logprobs for "
+                             f"{len(self.completion_ids)} completion ids")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens [start, end) of a sample came from call `call_seq`, as its prompt or its sampled completion."""
+
+    call_seq: int
+    start: int
+    end: int
+    sampled: bool
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence. loss_mask is 1 exactly on tokens the engine sampled (proven origin)."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """Behaviour logprob of each token (0.0 where loss_mask is 0)."""
+    versions: tuple[int, ...]
+    """Policy version that sampled each token (-1 where loss_mask is 0)."""
+    spans: tuple[Span, ...]
+    call_seqs: tuple[int, ...]
+    build: str
+    """'single' (one call), 'merged' (clean appends) or 'realigned' (at least one realign splice)."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version among the sampled tokens (staleness is measured against it)."""
+        sampled = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(sampled) if sampled else -1
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    samples: tuple[Sample, ...]
+    drift: dict[int, str] = field(default_factory=dict)
+    """Drift class of every call by its seq: 'clean', 'realign' or 'fork' (a rollout's first call is 'clean')."""
+
+
+@dataclass
+class _Builder:
+    """A sample under construction; `tokens` is the exact sequence a following call must extend."""
+
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    call_seqs: list[int] = field(default_factory=list)
+    realigned: bool = False
+
+    def add(self, call_seq: int, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] = (),
+            version: int = -1) -> None:
+        if not ids:
+            return
+        start = len(self.tokens)
+        self.tokens.extend(ids)
+        self.mask.extend([int(sampled)] * len(ids))
+        self.logprobs.extend(logprobs if sampled else [0.0] * len(ids))
+        self.versions.extend([version if sampled else -1] * len(ids))
+        self.spans.append(Span(call_seq, start, len(self.tokens), sampled))
+
+    def add_call(self, call: CallRecord, context: Sequence[int]) -> None:
+        """Append a call: `context` (the prompt tail not yet in the sample) unweighted, then its completion."""
+        self.add(call.seq, context, sampled=False)
+        self.add(call.seq, call.completion_ids, True, call.logprobs, call.policy_version)
+        self.call_seqs.append(call.seq)
+
+    def freeze(self) -> Sample:
+        build = "realigned" if self.realigned else ("merged" if len(self.call_seqs) > 1 else "single")
+        return Sample(tuple(self.tokens), tuple(self.mask), tuple(self.logprobs), tuple(self.versions),
+                      tuple(self.spans), tuple(self.call_seqs), build)
+
+
+def build_samples(calls: Iterable[CallRecord], decode: Decode | None = None) -> BuildResult:
+    """Merge a rollout's calls (in seq order) into samples; every call extends, realigns onto, or forks a sample.
+
+    A call is matched against every sample built so far (a sub-agent may interleave with its parent), newest
+    first. Without `decode` nothing can be proven about text, so token mismatches always fork.
+    """
+    builders: list[_Builder] = []
+    drift: dict[int, str] = {}
+    for call in sorted(calls, key=lambda c: c.seq):
+        kind, builder, context = _classify(call, builders, decode)
+        if builder is None:
+            builder = _Builder()
+            builders.append(builder)
+        builder.realigned |= kind == REALIGN
+        builder.add_call(call, context)
+        drift[call.seq] = CLEAN if len(drift) == 0 else kind
+    samples = tuple(b.freeze() for b in builders if any(b.mask))
+    return BuildResult(samples, drift)
+
+
+def _classify(call: CallRecord, builders: list[_Builder], decode: Decode | None
+              ) -> tuple[str, _Builder | None, Sequence[int]]:
+    """Return (drift class, builder to extend or None for a new sample, prompt tail to append unweighted)."""
+    prompt = call.prompt_ids
+    # Longest sample first: when a sample is a prefix of another, the longer one holds more proven context.
+    for builder in sorted(reversed(builders), key=lambda b: -len(b.tokens)):
+        n = len(builder.tokens)
+        if n <= len(prompt) and tuple(builder.tokens) == tuple(prompt[:n]):
+            return CLEAN, builder, prompt[n:]
+    if decode is not None:
+        for builder in reversed(builders):
+            cut = realign_cut(builder.tokens, prompt, decode)
+            if cut is not None:
+                return REALIGN, builder, prompt[cut:]
+    return FORK, None, prompt
+
+
+def realign_cut(tokens: Sequence[int], prompt: Sequence[int], decode: Decode) -> int | None:
+    """Smallest k with decode(prompt[:k]) == decode(tokens), or None when no prompt prefix spells that text.
+
+    That equality is the proof that `tokens` (holding the originally sampled ids) and prompt[:k] are the same
+    text, so the sample may keep `tokens` and continue with prompt[k:].
+    """
+    common = 0
+    for a, b in zip(tokens, prompt):
+        if a != b:
+            break
+        common += 1
+    if common == len(tokens):
+        return None  # a clean extension (or the prompt is shorter): not a realign
+    target = decode(tokens)
+    for k in range(common + 1, len(prompt) + 1):
+        text = decode(prompt[:k])
+        if text == target:
+            return k
+        if not target.startswith(text[:-4]):
+            return None  # diverged (the last few characters may still be a partial multi-byte character)
+    return None
