@@ -1,0 +1,167 @@
+"""Django settings: the only place that reads the environment (through lightning_web.env)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from lightning_web import embedded_redis
+from lightning_web.env import EnvError, data_dir, env_bool, env_int, env_list, env_str, env_url, secret_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = data_dir("LIGHTNING_DATA_DIR", BASE_DIR / "data")
+
+SECRET_KEY = secret_key("SECRET_KEY", DATA_DIR)
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", ["http://localhost", "http://127.0.0.1"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "lightning_web",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "lightning_web.urls"
+ASGI_APPLICATION = "lightning_web.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_url("DATABASE_URL", ("sqlite", "postgres", "postgresql", "pgsql"))
+if _database_url is None:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "db.sqlite3",
+            # Web, worker and proxy recorder write concurrently: wait on the lock instead of failing.
+            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE",
+                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+        }
+    }
+else:
+    try:
+        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+    except ValueError as exc:
+        raise EnvError(f"DATABASE_URL cannot be parsed: {exc}") from exc
+
+REDIS_URL = env_url("REDIS_URL", ("redis", "rediss")) or embedded_redis.ensure_running(DATA_DIR)
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "lightning")},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {"runs.tasks.execute_run": {"queue": "runs"}}
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "runs-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "lightning-web API",
+    "DESCRIPTION": "Harnesses, datasets, reward scripts, training runs, rollouts and recorded model calls.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Upload and sandbox limits.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("LIGHTNING_MAX_REQUEST_BYTES", 64 * 1024 * 1024, minimum=1024)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+LIGHTNING_DATASET_MAX_BYTES = env_int("LIGHTNING_DATASET_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
+LIGHTNING_DATASET_MAX_LINE_BYTES = env_int("LIGHTNING_DATASET_MAX_LINE_BYTES", 1024 * 1024, minimum=64)
+LIGHTNING_REWARD_TIMEOUT_S = env_int("LIGHTNING_REWARD_TIMEOUT_S", 10, minimum=1)
+LIGHTNING_REWARD_MEMORY_MB = env_int("LIGHTNING_REWARD_MEMORY_MB", 512, minimum=64)
+LIGHTNING_REWARD_OUTPUT_BYTES = env_int("LIGHTNING_REWARD_OUTPUT_BYTES", 64 * 1024, minimum=1024)
+LIGHTNING_MODELS_DIR = DATA_DIR / "models"
+LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

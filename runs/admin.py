@@ -1,0 +1,69 @@
+"""Admin registrations for every table of the domain."""
+from django.contrib import admin
+
+from runs.models import Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample, Task
+
+
+@admin.register(Harness)
+class HarnessAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "executor", "version", "updated_at")
+    list_filter = ("executor",)
+    search_fields = ("name",)
+
+
+@admin.register(Dataset)
+class DatasetAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "train_count", "val_count", "created_at")
+    search_fields = ("name",)
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ("external_id", "dataset", "split", "index")
+    list_filter = ("split",)
+    raw_id_fields = ("dataset",)
+
+
+@admin.register(RewardScript)
+class RewardScriptAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "version", "updated_at")
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "owner", "status", "step", "created_at")
+    list_filter = ("status",)
+    raw_id_fields = ("harness", "dataset", "reward_script", "cloned_from")
+
+
+@admin.register(Rollout)
+class RolloutAdmin(admin.ModelAdmin):
+    list_display = ("id", "run", "split", "step", "group", "attempt", "status", "reward")
+    list_filter = ("status", "split")
+    raw_id_fields = ("run", "task")
+    exclude = ("secret_hash",)
+
+
+@admin.register(ModelCall)
+class ModelCallAdmin(admin.ModelAdmin):
+    list_display = ("id", "rollout", "seq", "api", "status_code", "finish_reason", "drift", "latency_ms")
+    list_filter = ("api", "drift")
+    raw_id_fields = ("rollout",)
+
+
+@admin.register(Sample)
+class SampleAdmin(admin.ModelAdmin):
+    list_display = ("id", "rollout", "index", "build", "advantage")
+    raw_id_fields = ("rollout",)
+
+
+@admin.register(Metric)
+class MetricAdmin(admin.ModelAdmin):
+    list_display = ("run", "step", "name", "value")
+    raw_id_fields = ("run",)
+
+
+@admin.register(RunEvent)
+class RunEventAdmin(admin.ModelAdmin):
+    list_display = ("run", "seq", "kind", "created_at")
+    raw_id_fields = ("run",)

@@ -1,0 +1,57 @@
+"""The API's one exception handler: DRF errors and service refusals in one shape with a readable message."""
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from runs.services import DatasetRejected, InvalidTransition, NotOwned, ServiceError
+
+
+def exception_handler(exc, context):
+    """Body: {"error": {"status", "code", "message", "fields"?, "lines"?}}."""
+    if isinstance(exc, DatasetRejected):
+        return _respond(status.HTTP_400_BAD_REQUEST, "invalid_dataset", str(exc), lines=exc.errors)
+    if isinstance(exc, InvalidTransition):
+        return _respond(status.HTTP_409_CONFLICT, "invalid_transition", str(exc))
+    if isinstance(exc, NotOwned):
+        return _respond(status.HTTP_400_BAD_REQUEST, "not_owned", str(exc))
+    if isinstance(exc, ServiceError):
+        return _respond(status.HTTP_400_BAD_REQUEST, "invalid", str(exc))
+    response = drf_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, (Http404, DjangoPermissionDenied)):
+        exc = exceptions.NotFound() if isinstance(exc, Http404) else exceptions.PermissionDenied()
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.ValidationError) and isinstance(response.data, (dict, list)):
+        return _respond(response.status_code, "invalid", _summary(response.data), fields=response.data,
+                        headers=response.headers)
+    message = response.data.get("detail", str(exc)) if isinstance(response.data, dict) else str(exc)
+    return _respond(response.status_code, code, str(message), headers=response.headers)
+
+
+def _respond(status_code, code, message, headers=None, **extra):
+    body = {"error": {"status": status_code, "code": code, "message": message, **extra}}
+    response = Response(body, status=status_code)
+    for name, value in (headers or {}).items():
+        if name.lower() in ("www-authenticate", "retry-after", "allow"):
+            response[name] = value
+    return response
+
+
+def _summary(data, prefix="") -> str:
+    """'field: first message; other: ...' for a DRF error structure."""
+    parts = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            label = key if key != "non_field_errors" else ""
+            parts.append(_summary(value, f"{prefix}{label}" if label else prefix))
+    elif isinstance(data, list):
+        for item in data:
+            parts.append(_summary(item, prefix))
+    else:
+        parts.append(f"{prefix}: {data}" if prefix else str(data))
+    return "; ".join(p for p in parts if p)

@@ -1,0 +1,216 @@
+"""DRF serializers: one per shape; input validation lives here, writes go through services."""
+from __future__ import annotations
+
+import ast
+import re
+import string
+
+from rest_framework import serializers
+
+from runs import selectors
+from runs.models import (Dataset, Executor, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample,
+                         Task)
+
+HARNESS_PLACEHOLDERS = frozenset({"task_file", "task_id", "output_file", "workdir", "base_url", "api_key", "model",
+                                  "rollout_id"})
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class OwnedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A reference to one of the requesting user's own objects (staff may name any)."""
+
+    def get_queryset(self):
+        return selectors.owned(super().get_queryset(), self.context["request"].user)
+
+
+class HarnessSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Harness
+        fields = ["id", "name", "description", "command", "env", "executor", "image", "resources", "timeout_s",
+                  "version", "created_at", "updated_at"]
+        read_only_fields = ["version", "created_at", "updated_at"]
+
+    def validate_command(self, value):
+        if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
+            raise serializers.ValidationError("must be a non-empty list of non-empty strings (an argv list)")
+        for arg in value:
+            try:
+                names = {name for _, name, _, _ in string.Formatter().parse(arg) if name is not None}
+            except ValueError as exc:
+                raise serializers.ValidationError(f"argument {arg!r}: {exc}; write literal braces as {{{{ }}}}")
+            unknown = names - HARNESS_PLACEHOLDERS
+            if unknown:
+                raise serializers.ValidationError(
+                    f"unknown placeholder(s) {sorted(unknown)}; available: {sorted(HARNESS_PLACEHOLDERS)}")
+        return value
+
+    def validate_env(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be an object of NAME: value strings")
+        for key, item in value.items():
+            if not ENV_NAME.match(key):
+                raise serializers.ValidationError(f"{key!r} is not a valid environment variable name")
+            if not isinstance(item, str):
+                raise serializers.ValidationError(f"value of {key} must be a string, got {type(item).__name__}")
+        return value
+
+    def validate_resources(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be an object such as {\"cpu\": \"1\", \"memory\": \"2Gi\"}")
+        return value
+
+    def validate_timeout_s(self, value):
+        if not 1 <= value <= 7 * 24 * 3600:
+            raise serializers.ValidationError("must be between 1 second and 7 days")
+        return value
+
+    def validate(self, attrs):
+        executor = attrs.get("executor", getattr(self.instance, "executor", Executor.LOCAL))
+        image = attrs.get("image", getattr(self.instance, "image", ""))
+        if executor == Executor.KUBERNETES and not image:
+            raise serializers.ValidationError({"image": "a kubernetes harness needs a container image"})
+        return attrs
+
+
+class RewardScriptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RewardScript
+        fields = ["id", "name", "description", "source", "timeout_s", "version", "created_at", "updated_at"]
+        read_only_fields = ["version", "created_at", "updated_at"]
+
+    def validate_source(self, value):
+        try:
+            tree = ast.parse(value, filename="<reward>")
+        except SyntaxError as exc:
+            raise serializers.ValidationError(f"SyntaxError: {exc.msg} (line {exc.lineno})")
+        if not any(isinstance(node, ast.FunctionDef) and node.name == "reward" for node in tree.body):
+            raise serializers.ValidationError("the script must define a top-level function reward(task, outcome)")
+        return value
+
+    def validate_timeout_s(self, value):
+        if not 1 <= value <= 300:
+            raise serializers.ValidationError("must be between 1 and 300 seconds")
+        return value
+
+
+class RewardTestSerializer(serializers.Serializer):
+    task = serializers.JSONField(help_text="The task object as stored in a dataset")
+    outcome = serializers.JSONField(help_text="What the harness produced, as the reward function receives it")
+
+
+class RewardTestResultSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+    reward = serializers.FloatField(allow_null=True)
+    detail = serializers.DictField()
+    error = serializers.CharField(allow_blank=True)
+    kind = serializers.CharField(allow_blank=True, help_text="exception|syntax|timeout|memory|output|crashed")
+    output = serializers.CharField(allow_blank=True, help_text="Tail of what the script printed")
+    duration_ms = serializers.FloatField()
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "description", "version", "source_filename", "content_sha256", "split_field",
+                  "val_ratio", "seed", "train_count", "val_count", "created_at", "updated_at"]
+        read_only_fields = [f for f in fields if f not in ("name", "description")]
+
+
+class DatasetUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    file = serializers.FileField(help_text="JSONL (one task object per line) or a JSON array of task objects")
+    split_field = serializers.CharField(required=False, allow_blank=True, default="",
+                                        help_text="Field holding 'train' or 'val' on every task")
+    val_ratio = serializers.FloatField(required=False, default=0.1, min_value=0.0, max_value=1.0,
+                                       help_text="Share of tasks without a split that go to val (seeded)")
+    seed = serializers.IntegerField(required=False, default=0)
+    required_fields = serializers.CharField(required=False, allow_blank=True, default="",
+                                            help_text="Comma-separated fields every task must have")
+
+    def validate_name(self, value):
+        user = self.context["request"].user
+        if Dataset.objects.filter(owner=user, name=value).exists():
+            raise serializers.ValidationError(f"you already have a dataset named {value!r}")
+        return value
+
+    def validate_required_fields(self, value):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Task
+        fields = ["id", "dataset", "index", "external_id", "split", "data"]
+
+
+class RunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Run
+        fields = ["id", "name", "model", "config", "harness", "dataset", "reward_script", "harness_snapshot",
+                  "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
+                  "checkpoint_path", "celery_task_id", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RunCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    model = serializers.CharField(max_length=500)
+    config = serializers.JSONField(required=False, default=dict, help_text="TrainerConfig fields; defaults fill the rest")
+    harness = OwnedPrimaryKeyRelatedField(queryset=Harness.objects.all())
+    dataset = OwnedPrimaryKeyRelatedField(queryset=Dataset.objects.all())
+    reward_script = OwnedPrimaryKeyRelatedField(queryset=RewardScript.objects.all())
+
+    def validate_config(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be an object of TrainerConfig fields")
+        return value
+
+
+class RunCloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+
+
+class MetricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Metric
+        fields = ["step", "name", "value", "created_at"]
+
+
+class RunEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["seq", "kind", "payload", "created_at"]
+
+
+class ModelCallSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModelCall
+        fields = ["id", "seq", "api", "stream", "request", "response", "prompt_ids", "completion_ids", "logprobs",
+                  "finish_reason", "status_code", "latency_ms", "policy_version", "drift", "error", "created_at"]
+
+
+class SampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Sample
+        fields = ["id", "index", "token_ids", "loss_mask", "logprobs", "advantage", "call_seqs", "build",
+                  "policy_version", "created_at"]
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    task_external_id = serializers.CharField(source="task.external_id", default=None, read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = ["id", "run", "task", "task_external_id", "split", "step", "group", "attempt", "policy_version",
+                  "status", "reward", "reward_detail", "exit_code", "error", "call_count", "created_at",
+                  "started_at", "finished_at"]
+
+
+class RolloutDetailSerializer(RolloutSerializer):
+    calls = ModelCallSerializer(many=True, read_only=True)
+    samples = SampleSerializer(many=True, read_only=True)
+    task_data = serializers.JSONField(source="task.data", default=None, read_only=True)
+
+    class Meta(RolloutSerializer.Meta):
+        fields = RolloutSerializer.Meta.fields + ["task_data", "stdout_tail", "stderr_tail", "calls", "samples"]

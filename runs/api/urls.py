@@ -1,0 +1,14 @@
+"""Routes of the REST API under /api/v1/."""
+from rest_framework.routers import DefaultRouter
+
+from runs.api import views
+
+router = DefaultRouter()
+router.register("harnesses", views.HarnessViewSet, basename="harness")
+router.register("datasets", views.DatasetViewSet, basename="dataset")
+router.register("tasks", views.TaskViewSet, basename="task")
+router.register("reward-scripts", views.RewardScriptViewSet, basename="rewardscript")
+router.register("runs", views.RunViewSet, basename="run")
+router.register("rollouts", views.RolloutViewSet, basename="rollout")
+
+urlpatterns = router.urls

@@ -1,0 +1,200 @@
+"""REST API viewsets: everything the dashboard does. Reads filter by owner; writes call services."""
+from __future__ import annotations
+
+import django_filters
+from django.db import IntegrityError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from runs import selectors, services
+from runs.api import serializers as s
+from runs.api.permissions import IsOwnerOrStaff
+from runs.models import Dataset, Harness, RewardScript, Rollout, Run, Task
+
+
+class OwnedViewSet(viewsets.GenericViewSet):
+    permission_classes = [IsOwnerOrStaff]
+
+    def get_queryset(self):
+        return selectors.owned(self.queryset.all(), self.request.user)
+
+
+def _unique_name(exc: IntegrityError, name: str) -> serializers.ValidationError:
+    return serializers.ValidationError({"name": [f"you already have one named {name!r}"]})
+
+
+class HarnessViewSet(OwnedViewSet, viewsets.ModelViewSet):
+    queryset = Harness.objects.all()
+    serializer_class = s.HarnessSerializer
+    filterset_fields = ["executor"]
+
+    def perform_create(self, serializer):
+        try:
+            serializer.instance = services.create_harness(self.request.user, **serializer.validated_data)
+        except IntegrityError as exc:
+            raise _unique_name(exc, serializer.validated_data["name"]) from exc
+
+    def perform_update(self, serializer):
+        try:
+            serializer.instance = services.update_harness(serializer.instance, **serializer.validated_data)
+        except IntegrityError as exc:
+            raise _unique_name(exc, serializer.validated_data.get("name", "")) from exc
+
+
+class RewardScriptViewSet(OwnedViewSet, viewsets.ModelViewSet):
+    queryset = RewardScript.objects.all()
+    serializer_class = s.RewardScriptSerializer
+
+    def perform_create(self, serializer):
+        try:
+            serializer.instance = services.create_reward_script(self.request.user, **serializer.validated_data)
+        except IntegrityError as exc:
+            raise _unique_name(exc, serializer.validated_data["name"]) from exc
+
+    def perform_update(self, serializer):
+        try:
+            serializer.instance = services.update_reward_script(serializer.instance, **serializer.validated_data)
+        except IntegrityError as exc:
+            raise _unique_name(exc, serializer.validated_data.get("name", "")) from exc
+
+    @extend_schema(request=s.RewardTestSerializer, responses=s.RewardTestResultSerializer)
+    @action(detail=True, methods=["post"])
+    def test(self, request, pk=None):
+        """Score a task and an outcome in the reward sandbox; a failing script answers ok=false with the error."""
+        script = self.get_object()
+        body = s.RewardTestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        result = services.try_reward_script(script, body.validated_data["task"], body.validated_data["outcome"])
+        return Response(result.as_dict())
+
+
+class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                     mixins.DestroyModelMixin):
+    queryset = Dataset.objects.all()
+    serializer_class = s.DatasetSerializer
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+
+    @extend_schema(request={"multipart/form-data": s.DatasetUploadSerializer}, responses={201: s.DatasetSerializer})
+    def create(self, request):
+        """Upload tasks as JSONL or a JSON array; every bad line is reported and nothing is saved."""
+        upload = s.DatasetUploadSerializer(data=request.data, context={"request": request})
+        upload.is_valid(raise_exception=True)
+        data = upload.validated_data
+        file = data["file"]
+        try:
+            dataset = services.create_dataset(
+                request.user, name=data["name"], description=data["description"], content=file.read(),
+                filename=file.name or "", split_field=data["split_field"], val_ratio=data["val_ratio"],
+                seed=data["seed"], required_fields=data["required_fields"])
+        except IntegrityError as exc:
+            raise _unique_name(exc, data["name"]) from exc
+        return Response(s.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+
+class TaskFilter(django_filters.FilterSet):
+    class Meta:
+        model = Task
+        fields = ["dataset", "split"]
+
+
+class TaskViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    queryset = Task.objects.all()
+    serializer_class = s.TaskSerializer
+    filterset_class = TaskFilter
+
+    def get_queryset(self):
+        return super().get_queryset().order_by("dataset_id", "index")
+
+
+class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin):
+    queryset = Run.objects.all()
+    serializer_class = s.RunSerializer
+    filterset_fields = ["status", "harness", "dataset"]
+
+    @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
+    def create(self, request):
+        """Validate the config against TrainerConfig, snapshot harness, dataset and reward script, enqueue."""
+        body = s.RunCreateSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        run = services.create_run(request.user, **body.validated_data)
+        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance):
+        if not instance.is_finished:
+            raise services.InvalidTransition(f"run {instance.pk} is {instance.status}; cancel it before deleting")
+        instance.delete()
+
+    @extend_schema(request=None, responses=s.RunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        run = services.cancel_run(self.get_object(), request.user)
+        return Response(s.RunSerializer(run).data)
+
+    @extend_schema(request=s.RunCloneSerializer, responses={201: s.RunSerializer})
+    @action(detail=True, methods=["post"])
+    def clone(self, request, pk=None):
+        body = s.RunCloneSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = services.clone_run(self.get_object(), request.user, body.validated_data.get("name"))
+        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[
+        OpenApiParameter("name", OpenApiTypes.STR, many=True, description="Metric name(s); repeat or comma-separate"),
+        OpenApiParameter("step_min", OpenApiTypes.INT), OpenApiParameter("step_max", OpenApiTypes.INT)],
+        responses=s.MetricSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        run = self.get_object()
+        names = [n for item in request.query_params.getlist("name") for n in item.split(",") if n]
+        rows = selectors.run_metrics(run, names, _int_param(request, "step_min"), _int_param(request, "step_max"))
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.MetricSerializer(page, many=True).data)
+
+    @extend_schema(parameters=[OpenApiParameter("after", OpenApiTypes.INT, description="Last seq seen")],
+                   responses=s.RunEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        run = self.get_object()
+        rows = run.events.filter(seq__gt=_int_param(request, "after") or 0).order_by("seq")
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.RunEventSerializer(page, many=True).data)
+
+    @extend_schema(responses=s.RolloutSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def rollouts(self, request, pk=None):
+        run = self.get_object()
+        rows = RolloutFilter(request.query_params, queryset=run.rollouts.select_related("task")).qs
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.RolloutSerializer(page, many=True).data)
+
+
+def _int_param(request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise serializers.ValidationError({name: [f"must be an integer, got {value!r}"]}) from None
+
+
+class RolloutFilter(django_filters.FilterSet):
+    class Meta:
+        model = Rollout
+        fields = ["run", "status", "split", "step"]
+
+
+class RolloutViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """Rollouts of the user's runs; the detail holds every recorded call and training sample."""
+
+    queryset = Rollout.objects.select_related("task")
+    filterset_class = RolloutFilter
+    permission_classes = [IsAuthenticated]  # the queryset already holds only the user's rollouts
+
+    def get_serializer_class(self):
+        return s.RolloutDetailSerializer if self.action == "retrieve" else s.RolloutSerializer

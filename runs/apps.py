@@ -1,0 +1,7 @@
+"""The runs app: harnesses, datasets, reward scripts, runs, rollouts, recorded calls."""
+from django.apps import AppConfig
+
+
+class RunsConfig(AppConfig):
+    name = "runs"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,177 @@
+"""Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLITS = ("train", "val")
+MAX_ERRORS = 200
+
+
+@dataclass(frozen=True)
+class ParsedTask:
+    line: int
+    external_id: str
+    split: str
+    data: dict[str, Any]
+
+
+@dataclass
+class ParseResult:
+    tasks: list[ParsedTask] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def error(self, line: int, message: str) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append({"line": line, "error": message})
+
+
+@dataclass(frozen=True)
+class UploadOptions:
+    split_field: str = ""
+    val_ratio: float = 0.0
+    seed: int = 0
+    required_fields: tuple[str, ...] = ()
+    max_line_bytes: int = 1024 * 1024
+
+
+def parse_tasks(content: bytes, filename: str, options: UploadOptions) -> ParseResult:
+    """Parse, validate and split; the result holds either tasks or errors (never a partial set)."""
+    result = ParseResult()
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = content[: exc.start].count(b"\n") + 1
+        result.error(line, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+        return result
+    if not text.strip():
+        result.error(1, "the file is empty: expected one JSON object per line (JSONL) or a JSON array")
+        return result
+    items = _json_array_items(text, result) if _is_json_array(text, filename) else _jsonl_items(text, options, result)
+    seen: dict[str, int] = {}
+    raw: list[tuple[int, dict[str, Any], str, str | None]] = []
+    for line, obj in items:
+        checked = _check_task(line, obj, options, seen, result)
+        if checked is not None:
+            raw.append(checked)
+    if not raw and not result.errors:
+        result.error(1, "the file holds no tasks")
+    if result.errors:
+        return result
+    result.tasks = _assign_splits(raw, options)
+    return result
+
+
+def _is_json_array(text: str, filename: str) -> bool:
+    return text.lstrip().startswith("[") or filename.lower().endswith(".json")
+
+
+def _jsonl_items(text: str, options: UploadOptions, result: ParseResult):
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        size = len(line.encode("utf-8"))
+        if size > options.max_line_bytes:
+            result.error(number, f"line is {size} bytes, over the limit of {options.max_line_bytes} bytes")
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            result.error(number, f"invalid JSON: {exc.msg} at column {exc.colno}")
+
+
+def _json_array_items(text: str, result: ParseResult):
+    """Yield (line, value) per array element, with the line where each element starts."""
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, 0)
+    if pos >= len(text) or text[pos] != "[":
+        result.error(_line_of(text, pos), "a .json file must hold a JSON array of task objects")
+        return
+    pos = _skip_ws(text, pos + 1)
+    if pos < len(text) and text[pos] == "]":
+        return
+    while pos < len(text):
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            result.error(exc.lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
+            return
+        yield _line_of(text, pos), value
+        pos = _skip_ws(text, end)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_ws(text, pos + 1)
+        elif pos < len(text) and text[pos] == "]":
+            if text[pos + 1:].strip():
+                result.error(_line_of(text, pos + 1), "unexpected content after the closing ']'")
+            return
+        else:
+            result.error(_line_of(text, pos), "expected ',' or ']' between array elements")
+            return
+    result.error(_line_of(text, len(text)), "the JSON array is not closed with ']'")
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _check_task(line, obj, options, seen, result):
+    if not isinstance(obj, dict):
+        result.error(line, f"expected a JSON object, got {_type_name(obj)}")
+        return None
+    for name in options.required_fields:
+        if name not in obj:
+            result.error(line, f"missing required field '{name}'")
+            return None
+    external_id = obj.get("id", None)
+    if external_id is not None:
+        if isinstance(external_id, bool) or not isinstance(external_id, (str, int)):
+            result.error(line, f"field 'id' must be a string or an integer, got {_type_name(external_id)}")
+            return None
+        external_id = str(external_id)
+        if not external_id or len(external_id) > 200:
+            result.error(line, "field 'id' must be 1 to 200 characters long")
+            return None
+        if external_id in seen:
+            result.error(line, f"duplicate id '{external_id}' (first seen on line {seen[external_id]})")
+            return None
+        seen[external_id] = line
+    split_key = options.split_field or "split"
+    split = obj.get(split_key)
+    if options.split_field and split_key not in obj:
+        result.error(line, f"missing split field '{split_key}'")
+        return None
+    if split is not None and split not in SPLITS:
+        result.error(line, f"field '{split_key}' must be one of {list(SPLITS)}, got {json.dumps(split)[:50]}")
+        return None
+    return line, obj, external_id, split
+
+
+def _assign_splits(raw, options: UploadOptions) -> list[ParsedTask]:
+    """Explicit splits win; the rest go to val by a seeded draw at val_ratio."""
+    rng = random.Random(options.seed)
+    taken = {ext for _, _, ext, _ in raw if ext is not None}
+    tasks = []
+    for index, (line, obj, external_id, split) in enumerate(raw):
+        if external_id is None:
+            external_id = str(index)
+            while external_id in taken:
+                external_id = f"{external_id}_"
+            taken.add(external_id)
+        draw = rng.random()  # drawn for every task so a split is stable whatever the explicit ones are
+        if split is None:
+            split = "val" if draw < options.val_ratio else "train"
+        tasks.append(ParsedTask(line=line, external_id=external_id, split=split, data=obj))
+    return tasks
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)

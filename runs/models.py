@@ -1,0 +1,273 @@
+"""Tables of the domain; methods here only read their own row. Writes live in runs/services.py."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Executor(models.TextChoices):
+    LOCAL = "local", "Local subprocess"
+    KUBERNETES = "kubernetes", "Kubernetes Job"
+
+
+class Split(models.TextChoices):
+    TRAIN = "train", "Train"
+    VAL = "val", "Validation"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    CANCELLING = "cancelling", "Cancelling"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class RolloutStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class CallApi(models.TextChoices):
+    CHAT = "chat", "Chat Completions"
+    COMPLETIONS = "completions", "Completions"
+    RESPONSES = "responses", "Responses"
+    MESSAGES = "messages", "Anthropic Messages"
+
+
+class Drift(models.TextChoices):
+    NONE = "", "Not classified"
+    CLEAN = "clean", "Clean"
+    REALIGN = "realign", "Realign"
+    FORK = "fork", "Fork"
+
+
+class Owned(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class Harness(Owned):
+    """The command that runs an agent on one task; `{placeholders}` are filled per rollout."""
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    command = models.JSONField(help_text="argv list, e.g. ['python', 'agent.py', '{task_file}']")
+    env = models.JSONField(default=dict, blank=True)
+    executor = models.CharField(max_length=20, choices=Executor.choices, default=Executor.LOCAL)
+    image = models.CharField(max_length=500, blank=True)
+    resources = models.JSONField(default=dict, blank=True)
+    timeout_s = models.PositiveIntegerField(default=600)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="harness_owner_name")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Dataset(Owned):
+    """A set of tasks uploaded as JSONL or JSON, split into train and val."""
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    version = models.PositiveIntegerField(default=1)
+    source_filename = models.CharField(max_length=500, blank=True)
+    content_sha256 = models.CharField(max_length=64, blank=True)
+    split_field = models.CharField(max_length=100, blank=True)
+    val_ratio = models.FloatField(default=0.0)
+    seed = models.IntegerField(default=0)
+    train_count = models.PositiveIntegerField(default=0)
+    val_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="dataset_owner_name")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Task(models.Model):
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="tasks")
+    index = models.PositiveIntegerField(help_text="Position in the uploaded file, from 0")
+    external_id = models.CharField(max_length=200)
+    split = models.CharField(max_length=10, choices=Split.choices)
+    data = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "external_id"], name="task_dataset_external_id")]
+        indexes = [models.Index(fields=["dataset", "split", "index"], name="task_dataset_split_index")]
+        ordering = ["dataset", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.dataset_id}:{self.external_id}"
+
+
+class RewardScript(Owned):
+    """Python source defining reward(task, outcome) -> float | {"reward": float, ...}."""
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    source = models.TextField()
+    timeout_s = models.PositiveIntegerField(default=10)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="reward_owner_name")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(Owned):
+    name = models.CharField(max_length=200)
+    model = models.CharField(max_length=500, help_text="Model folder or name served by the engine")
+    config = models.JSONField(default=dict, help_text="TrainerConfig.to_dict()")
+    harness = models.ForeignKey(Harness, null=True, on_delete=models.SET_NULL, related_name="runs")
+    dataset = models.ForeignKey(Dataset, null=True, on_delete=models.SET_NULL, related_name="runs")
+    reward_script = models.ForeignKey(RewardScript, null=True, on_delete=models.SET_NULL, related_name="runs")
+    harness_snapshot = models.JSONField(default=dict)
+    dataset_snapshot = models.JSONField(default=dict)
+    reward_snapshot = models.JSONField(default=dict)
+    cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    step = models.PositiveIntegerField(default=0)
+    policy_version = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    checkpoint_path = models.CharField(max_length=1000, blank=True)
+    celery_task_id = models.CharField(max_length=200, blank=True)
+    event_seq = models.PositiveBigIntegerField(default=0, help_text="Last RunEvent.seq issued")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "status"], name="run_owner_status")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class Rollout(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rollouts")
+    task = models.ForeignKey(Task, null=True, on_delete=models.SET_NULL, related_name="rollouts")
+    split = models.CharField(max_length=10, choices=Split.choices, default=Split.TRAIN)
+    step = models.PositiveIntegerField(default=0)
+    group = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+    policy_version = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.PENDING)
+    reward = models.FloatField(null=True, blank=True)
+    reward_detail = models.JSONField(default=dict, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    stdout_tail = models.TextField(blank=True)
+    stderr_tail = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    secret_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the rollout's API key")
+    call_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step", "group", "attempt", "id"]
+        indexes = [
+            models.Index(fields=["run", "step"], name="rollout_run_step"),
+            models.Index(fields=["run", "split", "status"], name="rollout_run_split_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout {self.pk} of run {self.run_id}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED)
+
+
+class ModelCall(models.Model):
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="calls")
+    seq = models.PositiveIntegerField()
+    api = models.CharField(max_length=20, choices=CallApi.choices)
+    stream = models.BooleanField(default=False)
+    request = models.JSONField()
+    response = models.JSONField(null=True, blank=True)
+    prompt_ids = models.JSONField(default=list)
+    completion_ids = models.JSONField(default=list)
+    logprobs = models.JSONField(default=list)
+    finish_reason = models.CharField(max_length=50, blank=True)
+    status_code = models.PositiveSmallIntegerField()
+    latency_ms = models.FloatField(default=0.0)
+    policy_version = models.PositiveIntegerField(default=0)
+    drift = models.CharField(max_length=10, choices=Drift.choices, default=Drift.NONE, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["rollout", "seq"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="call_rollout_seq")]
+
+    def __str__(self) -> str:
+        return f"call {self.seq} of rollout {self.rollout_id}"
+
+
+class Sample(models.Model):
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="samples")
+    index = models.PositiveIntegerField(default=0)
+    token_ids = models.JSONField(default=list)
+    loss_mask = models.JSONField(default=list)
+    logprobs = models.JSONField(default=list, help_text="Behaviour logprobs aligned to token_ids")
+    advantage = models.FloatField(default=0.0)
+    call_seqs = models.JSONField(default=list, help_text="Seqs of the calls merged into this sample")
+    build = models.CharField(max_length=10, choices=Drift.choices, default=Drift.CLEAN)
+    policy_version = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["rollout", "index"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "index"], name="sample_rollout_index")]
+
+
+class Metric(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    step = models.PositiveIntegerField()
+    name = models.CharField(max_length=100)
+    value = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step", "name"]
+        indexes = [
+            models.Index(fields=["run", "step"], name="metric_run_step"),
+            models.Index(fields=["run", "name", "step"], name="metric_run_name_step"),
+        ]
+
+
+class RunEvent(models.Model):
+    """Source of truth for live updates: a client replays the events after the last seq it saw."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=50)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_run_seq")]

@@ -1,0 +1,159 @@
+"""The reward sandbox: user Python in a separate, limited process; every failure becomes a readable result."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RUNNER = Path(__file__).with_name("sandbox_runner.py")
+SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
+OUTPUT_TAIL_CHARS = 4096  # what a result keeps of the script's prints
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    output_bytes: int = 64 * 1024
+    file_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    ok: bool
+    reward: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    kind: str = ""  # exception | syntax | timeout | memory | output | crashed | invalid
+    output: str = ""
+    duration_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reward": self.reward, "detail": self.detail, "error": self.error,
+                "kind": self.kind, "output": self.output, "duration_ms": round(self.duration_ms, 1)}
+
+
+def score(source: str, task: Any, outcome: Any, limits: Limits = Limits()) -> ScoreResult:
+    """Run reward(task, outcome) from `source` in a child process under `limits`."""
+    started = time.monotonic()
+    try:
+        stdin = json.dumps({"source": source, "task": task, "outcome": outcome}).encode()
+    except (TypeError, ValueError) as exc:
+        return ScoreResult(ok=False, kind="invalid", error=f"task or outcome is not JSON: {exc}")
+    with tempfile.TemporaryDirectory(prefix="reward-") as workdir:
+        result_path = Path(workdir) / "result.json"
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(RUNNER), str(result_path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=workdir, env=_scrubbed_env(workdir), start_new_session=True,
+            preexec_fn=lambda: _apply_limits(limits),
+        )
+        output, overflow, timed_out = _communicate(proc, stdin, limits)
+        elapsed = (time.monotonic() - started) * 1000
+        text = output.decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
+        if timed_out:
+            return ScoreResult(False, kind="timeout", output=text, duration_ms=elapsed,
+                               error=f"the reward script timed out after {limits.timeout_s:g} s")
+        if overflow:
+            return ScoreResult(False, kind="output", output=text, duration_ms=elapsed,
+                               error=f"the reward script printed more than {limits.output_bytes} bytes; stopped")
+        return _read_result(proc.returncode, result_path, text, elapsed, limits)
+
+
+def _scrubbed_env(workdir: str) -> dict[str, str]:
+    """Only harmless variables survive: no database URL, secret key or tokens reach user code."""
+    env = {key: os.environ[key] for key in SAFE_ENV_KEYS if key in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update({"HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8",
+                "OMP_NUM_THREADS": "1"})
+    return env
+
+
+def _apply_limits(limits: Limits) -> None:
+    memory = limits.memory_mb * 1024 * 1024
+    cpu = int(limits.timeout_s) + 1
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits) -> tuple[bytes, bool, bool]:
+    """Feed stdin, collect at most `output_bytes` of output, kill the group on overflow or timeout."""
+    try:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    deadline = time.monotonic() + limits.timeout_s
+    chunks, size, overflow, timed_out = [], 0, False, False
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not selector.select(timeout=min(remaining, 0.5)):
+                if proc.poll() is not None:
+                    break
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limits.output_bytes:
+                overflow = True
+                break
+    if timed_out or overflow:
+        _kill_group(proc)
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        proc.wait()
+    proc.stdout.close()
+    return b"".join(chunks)[: limits.output_bytes], overflow, timed_out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_result(returncode: int, path: Path, output: str, elapsed: float, limits: Limits) -> ScoreResult:
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            if data.get("ok"):
+                return ScoreResult(True, reward=data["reward"], detail=data.get("detail") or {},
+                                   output=output, duration_ms=elapsed)
+            return ScoreResult(False, kind=data.get("kind", "exception"), error=data.get("error", ""),
+                               output=output, duration_ms=elapsed)
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        if -returncode == signal.SIGXCPU:
+            return ScoreResult(False, kind="timeout", output=output, duration_ms=elapsed,
+                               error=f"the reward script used more than {limits.timeout_s:g} s of CPU")
+        return ScoreResult(False, kind="crashed", output=output, duration_ms=elapsed,
+                           error=f"the reward script was killed by {name} (memory limit {limits.memory_mb} MB?)")
+    hint = "out of memory" if "MemoryError" in output else f"exit code {returncode}"
+    kind = "memory" if "MemoryError" in output else "crashed"
+    return ScoreResult(False, kind=kind, output=output, duration_ms=elapsed,
+                       error=f"the reward script ended without a result ({hint})")

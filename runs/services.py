@@ -1,0 +1,291 @@
+"""Every write of the domain: harnesses, datasets, reward scripts, runs and their state machine, events."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runs import events
+from runs.datasets import UploadOptions, parse_tasks
+from runs.models import Dataset, Harness, Metric, RewardScript, Rollout, Run, RunEvent, RunStatus, Task
+from runs.sandbox import Limits, ScoreResult, score
+from trainer.config import ConfigError, TrainerConfig
+
+logger = logging.getLogger(__name__)
+
+# The run state machine: the one table every status change goes through.
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset({RunStatus.CANCELLING, RunStatus.SUCCEEDED, RunStatus.FAILED}),
+    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class ServiceError(Exception):
+    """A request the domain refuses; the message says why and what to do."""
+
+
+class InvalidTransition(ServiceError):
+    pass
+
+
+class NotOwned(ServiceError):
+    pass
+
+
+class DatasetRejected(ServiceError):
+    def __init__(self, errors: list[dict[str, Any]]):
+        self.errors = errors
+        super().__init__(f"the upload has {len(errors)} bad line(s); nothing was saved")
+
+
+# ---------------------------------------------------------------- ownership
+
+
+def check_owner(user, obj) -> None:
+    """Users act only on their own objects; staff act on all."""
+    if obj is not None and not user.is_staff and obj.owner_id != user.pk:
+        raise NotOwned(f"{type(obj).__name__} {obj.pk} does not belong to you")
+
+
+# ---------------------------------------------------------------- events
+
+
+def emit_event(run_id: int, kind: str, payload: dict[str, Any]) -> RunEvent:
+    """Write the next RunEvent of the run and publish it after commit.
+
+    The counter update locks the run row until commit, so seqs are gapless and commit in order.
+    """
+    with transaction.atomic():
+        Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + 1)
+        seq = Run.objects.filter(pk=run_id).values_list("event_seq", flat=True).get()
+        row = RunEvent.objects.create(run_id=run_id, seq=seq, kind=kind, payload=payload)
+        event = events.from_row(row)
+        transaction.on_commit(lambda: events.publish(event))
+    return row
+
+
+# ---------------------------------------------------------------- harnesses and reward scripts
+
+HARNESS_FIELDS = ("name", "description", "command", "env", "executor", "image", "resources", "timeout_s")
+REWARD_FIELDS = ("name", "description", "source", "timeout_s")
+
+
+def create_harness(owner, **fields) -> Harness:
+    return Harness.objects.create(owner=owner, **_pick(fields, HARNESS_FIELDS))
+
+
+def update_harness(harness: Harness, **fields) -> Harness:
+    return _update_versioned(harness, _pick(fields, HARNESS_FIELDS))
+
+
+def create_reward_script(owner, **fields) -> RewardScript:
+    return RewardScript.objects.create(owner=owner, **_pick(fields, REWARD_FIELDS))
+
+
+def update_reward_script(script: RewardScript, **fields) -> RewardScript:
+    return _update_versioned(script, _pick(fields, REWARD_FIELDS))
+
+
+def try_reward_script(script: RewardScript, task: Any, outcome: Any) -> ScoreResult:
+    return score_reward(script.source, task, outcome, timeout_s=script.timeout_s)
+
+
+def score_reward(source: str, task: Any, outcome: Any, timeout_s: float) -> ScoreResult:
+    limits = Limits(timeout_s=min(timeout_s, settings.LIGHTNING_REWARD_TIMEOUT_S * 6),
+                    memory_mb=settings.LIGHTNING_REWARD_MEMORY_MB,
+                    output_bytes=settings.LIGHTNING_REWARD_OUTPUT_BYTES)
+    return score(source, task, outcome, limits)
+
+
+def _pick(fields: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, Any]:
+    unknown = set(fields) - set(allowed)
+    if unknown:
+        raise ServiceError(f"unknown field(s): {sorted(unknown)}")
+    return fields
+
+
+def _update_versioned(obj, changes: dict[str, Any]):
+    """Apply changes; the version goes up when anything a run would snapshot changed."""
+    changed = [name for name, value in changes.items() if getattr(obj, name) != value]
+    for name in changed:
+        setattr(obj, name, changes[name])
+    if any(name not in ("name", "description") for name in changed):
+        obj.version += 1
+    obj.save()
+    return obj
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def create_dataset(owner, *, name: str, content: bytes, filename: str = "", description: str = "",
+                   split_field: str = "", val_ratio: float = 0.0, seed: int = 0,
+                   required_fields: tuple[str, ...] = ()) -> Dataset:
+    """Create a dataset from an uploaded file: all tasks are saved, or none and DatasetRejected says why."""
+    if len(content) > settings.LIGHTNING_DATASET_MAX_BYTES:
+        raise DatasetRejected([{"line": 0, "error": f"the file is {len(content)} bytes, over the limit of "
+                                                    f"{settings.LIGHTNING_DATASET_MAX_BYTES} bytes"}])
+    options = UploadOptions(split_field=split_field, val_ratio=val_ratio, seed=seed,
+                            required_fields=tuple(required_fields),
+                            max_line_bytes=settings.LIGHTNING_DATASET_MAX_LINE_BYTES)
+    parsed = parse_tasks(content, filename, options)
+    if parsed.errors:
+        raise DatasetRejected(parsed.errors)
+    with transaction.atomic():
+        dataset = Dataset.objects.create(
+            owner=owner, name=name, description=description, source_filename=filename[:500],
+            content_sha256=hashlib.sha256(content).hexdigest(), split_field=split_field,
+            val_ratio=val_ratio, seed=seed,
+            train_count=sum(t.split == "train" for t in parsed.tasks),
+            val_count=sum(t.split == "val" for t in parsed.tasks),
+        )
+        Task.objects.bulk_create(
+            [Task(dataset=dataset, index=i, external_id=t.external_id, split=t.split, data=t.data)
+             for i, t in enumerate(parsed.tasks)],
+            batch_size=1000,
+        )
+    logger.info("dataset %s created with %d train and %d val tasks", dataset.pk, dataset.train_count,
+                dataset.val_count)
+    return dataset
+
+
+# ---------------------------------------------------------------- runs
+
+
+def validate_run_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """The run config as TrainerConfig accepts it (defaults filled in); ConfigError otherwise."""
+    return TrainerConfig.from_dict(config).to_dict()
+
+
+def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, harness: Harness,
+               dataset: Dataset, reward_script: RewardScript, cloned_from: Run | None = None) -> Run:
+    for obj in (harness, dataset, reward_script):
+        check_owner(owner, obj)
+    try:
+        full_config = validate_run_config(config)
+    except ConfigError as exc:
+        raise ServiceError(f"config: {exc}") from exc
+    if dataset.train_count == 0:
+        raise ServiceError(f"dataset '{dataset.name}' has no train tasks; upload tasks with split 'train'")
+    with transaction.atomic():
+        run = Run.objects.create(
+            owner=owner, name=name, model=model, config=full_config, harness=harness, dataset=dataset,
+            reward_script=reward_script, cloned_from=cloned_from,
+            harness_snapshot=_snapshot(harness, HARNESS_FIELDS + ("version",)),
+            dataset_snapshot=_snapshot(dataset, ("name", "version", "content_sha256", "train_count", "val_count")),
+            reward_snapshot=_snapshot(reward_script, ("name", "source", "timeout_s", "version")),
+        )
+        emit_event(run.pk, events.RUN_STATUS, {"status": run.status, "error": ""})
+        transaction.on_commit(lambda: enqueue_run(run.pk))
+    logger.info("run %s created by %s", run.pk, owner)
+    return run
+
+
+def clone_run(run: Run, owner, name: str | None = None) -> Run:
+    """A new queued run with the same settings, on the current versions of its harness, dataset and script."""
+    check_owner(owner, run)
+    missing = [label for label, obj in (("harness", run.harness), ("dataset", run.dataset),
+                                        ("reward script", run.reward_script)) if obj is None]
+    if missing:
+        raise ServiceError(f"cannot clone run {run.pk}: its {', '.join(missing)} was deleted")
+    return create_run(owner, name=name or f"{run.name} (clone)", model=run.model, config=run.config,
+                      harness=run.harness, dataset=run.dataset, reward_script=run.reward_script,
+                      cloned_from=run)
+
+
+def _snapshot(obj, names: tuple[str, ...]) -> dict[str, Any]:
+    return {"id": obj.pk, **{name: getattr(obj, name) for name in names}}
+
+
+def enqueue_run(run_id: int) -> None:
+    from runs.tasks import execute_run
+
+    result = execute_run.apply_async(args=[run_id], queue="runs")
+    Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=result.id or "")
+
+
+def transition_run(run_id: int, to: str, *, error: str | None = None, **fields) -> Run:
+    """Move a run to `to` if the table allows it from its current status; InvalidTransition otherwise."""
+    allowed_from = [status for status, targets in RUN_TRANSITIONS.items() if to in targets]
+    updates: dict[str, Any] = {"status": to, "updated_at": timezone.now(), **fields}
+    if error is not None:
+        updates["error"] = error[:10000]
+    if to == RunStatus.RUNNING:
+        updates.setdefault("started_at", timezone.now())
+    if to in FINISHED:
+        updates.setdefault("finished_at", timezone.now())
+    with transaction.atomic():
+        changed = Run.objects.filter(pk=run_id, status__in=allowed_from).update(**updates)
+        if changed != 1:
+            current = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+            if current is None:
+                raise InvalidTransition(f"run {run_id} does not exist")
+            raise InvalidTransition(f"run {run_id} cannot go from {current} to {to}")
+        emit_event(run_id, events.RUN_STATUS, {"status": to, "error": updates.get("error", "")})
+    logger.info("run %s -> %s", run_id, to)
+    return Run.objects.get(pk=run_id)
+
+
+def claim_run(run_id: int, task_id: str) -> bool:
+    """Take a queued run for this worker: exactly one claimer wins."""
+    try:
+        transition_run(run_id, RunStatus.STARTING, celery_task_id=task_id)
+    except InvalidTransition:
+        return False
+    return True
+
+
+def cancel_run(run: Run, user) -> Run:
+    """Queued runs end at once; starting or running ones go to cancelling and the worker stops them."""
+    check_owner(user, run)
+    run.refresh_from_db(fields=["status"])
+    if run.status == RunStatus.QUEUED:
+        try:
+            return transition_run(run.pk, RunStatus.CANCELLED, error="cancelled before it started")
+        except InvalidTransition:
+            run.refresh_from_db(fields=["status"])  # a worker claimed it meanwhile: cancel cooperatively
+    if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
+        return transition_run(run.pk, RunStatus.CANCELLING)
+    raise InvalidTransition(f"run {run.pk} is {run.status}; only queued, starting or running runs can be cancelled")
+
+
+def fail_run(run_id: int, error: str) -> Run:
+    return transition_run(run_id, RunStatus.FAILED, error=error)
+
+
+def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
+    with transaction.atomic():
+        Metric.objects.bulk_create([Metric(run_id=run_id, step=step, name=n, value=float(v))
+                                    for n, v in values.items()])
+        emit_event(run_id, events.RUN_METRICS, {"step": step, "values": {n: float(v) for n, v in values.items()}})
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int) -> tuple[Rollout, str]:
+    """A new rollout and its API key; only the key's hash is stored, the key is returned once."""
+    secret = secrets.token_urlsafe(32)
+    rollout = Rollout.objects.create(run=run, task=task, split=split, step=step, group=group, attempt=attempt,
+                                     policy_version=run.policy_version, secret_hash=hash_secret(secret))
+    return rollout, secret
+
+
+def verify_rollout_secret(rollout: Rollout, secret: str) -> bool:
+    return bool(rollout.secret_hash) and secrets.compare_digest(rollout.secret_hash, hash_secret(secret or ""))

@@ -1,0 +1,124 @@
+"""Shared fixtures: the usual actors (alice owns things, bob must not see them, staff sees all) and isolation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.conf import settings
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from lightning_web.celery import app as celery_app
+
+# Tests talk to the same real Redis as the app (embedded or REDIS_URL) but never to its queues or groups.
+TEST_REDIS_DB = 15
+settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "lightning-test"
+celery_app.conf.broker_url = settings.REDIS_URL.rsplit("/", 1)[0] + f"/{TEST_REDIS_DB}"
+
+REWARD_SOURCE = '''
+def reward(task, outcome):
+    return {"reward": float(outcome.get("answer") == task.get("answer")), "checked": True}
+'''
+
+
+@pytest.fixture
+def test_redis():
+    """A client on the tests' Redis database, emptied before and after."""
+    import redis
+
+    client = redis.Redis.from_url(celery_app.conf.broker_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def _user(django_user_model, name, **extra):
+    return django_user_model.objects.create_user(name, f"{name}@example.com", f"{name}-password-123", **extra)
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return _user(django_user_model, "alice")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return _user(django_user_model, "bob")
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return _user(django_user_model, "sam", is_staff=True)
+
+
+def _client(user):
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice):
+    return _client(alice)
+
+
+@pytest.fixture
+def bob_api(bob):
+    return _client(bob)
+
+
+@pytest.fixture
+def staff_api(staff):
+    return _client(staff)
+
+
+@pytest.fixture
+def make_harness():
+    from runs import services
+
+    def make(owner, name="agent", **fields):
+        fields.setdefault("command", ["python", "agent.py", "--task", "{task_file}", "--out", "{output_file}"])
+        return services.create_harness(owner, name=name, **fields)
+
+    return make
+
+
+@pytest.fixture
+def make_dataset():
+    from runs import services
+
+    def make(owner, name="tasks", tasks=None, **options):
+        tasks = tasks if tasks is not None else [
+            {"id": f"t{i}", "question": f"{i}+1", "answer": i + 1, "split": "val" if i == 0 else "train"}
+            for i in range(5)
+        ]
+        content = "\n".join(json.dumps(t) for t in tasks).encode()
+        return services.create_dataset(owner, name=name, content=content, filename="tasks.jsonl", **options)
+
+    return make
+
+
+@pytest.fixture
+def make_reward():
+    from runs import services
+
+    def make(owner, name="exact", source=REWARD_SOURCE, **fields):
+        return services.create_reward_script(owner, name=name, source=source, **fields)
+
+    return make
+
+
+@pytest.fixture
+def make_run(make_harness, make_dataset, make_reward):
+    """A queued run of `owner`. Under the `db` fixture on_commit never fires, so nothing is enqueued."""
+    from runs import services
+
+    def make(owner, name="run", config=None):
+        return services.create_run(owner, name=name, model="tiny", config=config or {},
+                                   harness=make_harness(owner, name=f"{name}-h"),
+                                   dataset=make_dataset(owner, name=f"{name}-d"),
+                                   reward_script=make_reward(owner, name=f"{name}-r"))
+
+    return make
