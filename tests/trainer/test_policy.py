@@ -1,0 +1,111 @@
+"""Policy: packed logprobs equal unpacked ones, micro-batching equals one batch, checkpoints resume exactly."""
+import json
+
+import pytest
+import torch
+
+from tests.trainer.conftest import make_sample
+from trainer.config import TrainerConfig
+from trainer.inprocess import tiny_qwen2
+from trainer.policy import Policy, micro_batches, pack, read_checkpoint_config, token_logprobs
+
+
+def unpacked_logprobs(model, samples, temperature):
+    """Reference: each sample alone through the full model, log-softmax over all logits."""
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            logits = model(torch.tensor([s.token_ids])).logits[0] / temperature  # (T, V)
+            logp = torch.log_softmax(logits, -1)
+            out += [logp[t - 1, s.token_ids[t]].item() for t in range(1, len(s.token_ids)) if s.loss_mask[t]]
+    return out
+
+
+def test_it_computes_packed_logprobs_equal_to_unpacked_ones(random_samples):
+    model = tiny_qwen2()
+    with torch.no_grad():
+        logp, entropy = token_logprobs(model, pack(random_samples), temperature=0.7)
+    assert logp.tolist() == pytest.approx(unpacked_logprobs(model, random_samples, 0.7), abs=1e-5)
+    assert len(entropy) == sum(s.num_loss_tokens for s in random_samples)
+    assert 0 < entropy.min() and entropy.max() <= torch.log(torch.tensor(64.0)) + 1e-5
+
+
+def test_it_packs_loss_positions_one_before_each_loss_token():
+    batch = pack([make_sample([5, 6], [7]), make_sample([8], [9, 10], logprob=-2.0)])
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1, 2]]
+    assert batch.logit_positions.tolist() == [1, 3, 4]
+    assert batch.targets.tolist() == [7, 9, 10]
+    assert batch.behaviour.tolist() == [-1.0, -2.0, -2.0]
+    assert batch.sample_index.tolist() == [0, 1, 1]
+
+
+def test_it_splits_micro_batches_by_token_budget():
+    samples = [make_sample([1] * n, [2]) for n in (3, 3, 9, 1, 1)]
+    assert micro_batches(samples, token_budget=8) == [[0, 1], [2], [3, 4]]
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "rollout_mean", "seq_mean_token_sum_norm"])
+def test_it_accumulates_micro_batches_to_the_same_update_as_one_batch(random_samples, loss_agg):
+    results = []
+    for budget in (10_000, 12):
+        config = TrainerConfig(micro_batch_tokens=budget, learning_rate=1e-2, loss_agg=loss_agg, max_grad_norm=0.5)
+        policy = Policy(tiny_qwen2(), config)
+        # Keep the clipped gradients for comparison (Adam's first step would amplify float noise near 0).
+        policy.optimizer.step = policy.optimizer.zero_grad = lambda *a, **k: None
+        metrics = policy.train_step(random_samples, [0.5 - (i % 3) for i in range(10)], [i // 3 for i in range(10)])
+        results.append((metrics, torch.cat([p.grad.flatten() for p in policy.model.parameters()])))
+    (one, g_one), (many, g_many) = results
+    assert g_one.norm().item() == pytest.approx(0.5, rel=1e-4)  # clipped to max_grad_norm
+    assert torch.allclose(g_one, g_many, atol=1e-7)
+    assert many["loss/policy"] == pytest.approx(one["loss/policy"], abs=1e-6)
+    assert many["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
+    assert many["train/loss_tokens"] == one["train/loss_tokens"] == sum(s.num_loss_tokens for s in random_samples)
+
+
+def test_it_reports_loss_mismatch_and_clipping_of_an_on_policy_step(random_samples):
+    policy = Policy(tiny_qwen2(), TrainerConfig(learning_rate=1e-3))
+    logp, _ = policy.logprobs(random_samples)
+    metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
+    # One update per step: ratio is exactly 1, nothing clipped; advantage 1 with token_mean gives -mean(tis).
+    assert metrics["actor/clip_frac"] == 0.0
+    assert metrics["actor/ratio_mean"] == pytest.approx(1.0)
+    tis = torch.exp(logp - (-4.0)).clamp(max=2.0)
+    assert metrics["loss/policy"] == pytest.approx(-tis.mean().item(), rel=1e-5)
+    assert metrics["mismatch/logprob_abs"] == pytest.approx((logp + 4.0).abs().mean().item(), rel=1e-5)
+    assert policy.step == 1
+
+
+def test_it_clips_gradients_to_the_configured_norm():
+    policy = Policy(tiny_qwen2(), TrainerConfig(max_grad_norm=0.5))
+    for p in policy.model.parameters():
+        p.grad = torch.ones_like(p)
+    count = sum(p.numel() for p in policy.model.parameters())
+    assert policy._clip_gradients() == pytest.approx(count ** 0.5, rel=1e-5)
+    clipped = torch.cat([p.grad.flatten() for p in policy.model.parameters()]).norm()
+    assert clipped.item() == pytest.approx(0.5, rel=1e-4)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_it_resumes_exactly_from_a_checkpoint(tmp_path, random_samples, kl_coef):
+    config = TrainerConfig(learning_rate=1e-2, kl_coef=kl_coef, updates_per_step=2)
+    batches = [(random_samples, [1.0, -1.0] * 5, list(range(10))),
+               (random_samples[::-1], [-0.5, 0.5] * 5, list(range(10)))]
+    straight = Policy(tiny_qwen2(seed=1), config)
+    for batch in batches:
+        expected = straight.train_step(*batch)
+
+    first = Policy(tiny_qwen2(seed=1), config)
+    first.train_step(*batches[0])
+    first.save_checkpoint(tmp_path / "ckpt")
+    resumed = Policy(tiny_qwen2(seed=2), config)  # different init: everything must come from the checkpoint
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    got = resumed.train_step(*batches[1])
+
+    assert resumed.step == straight.step == 2
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert got["loss/total"] == expected["loss/total"]
+    assert read_checkpoint_config(tmp_path / "ckpt") == config
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["model_type"] == "qwen2"
+    assert (tmp_path / "ckpt" / "model.safetensors").exists()

@@ -1,0 +1,272 @@
+"""The policy model and its optimizer: packed logprobs, micro-batched PPO steps, exact-resume checkpoints."""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from trainer.algorithms import Metrics, loss_weights, policy_loss
+from trainer.config import TrainerConfig
+from trainer.samples import Sample
+
+logger = logging.getLogger(__name__)
+
+TRAINER_CONFIG_FILE = "trainer_config.json"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng.pt"
+REFERENCE_FILE = "reference.safetensors"
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Samples concatenated into one row; attention stays within a sample because position ids restart."""
+
+    input_ids: Tensor  # (1, N)
+    position_ids: Tensor  # (1, N)
+    logit_positions: Tensor  # (M,) row positions whose logits predict a loss token
+    targets: Tensor  # (M,) the loss tokens
+    behaviour: Tensor  # (M,) engine logprobs of those tokens
+    sample_index: Tensor  # (M,) index of each loss token's sample in the list given to `pack`
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
+    ids, positions, logit_pos, targets, behaviour, owner = [], [], [], [], [], []
+    for k, sample in enumerate(samples):
+        offset = len(ids)
+        ids.extend(sample.token_ids)
+        positions.extend(range(len(sample.token_ids)))
+        for t, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs)):
+            if m and t > 0:  # the first token has no context to be predicted from
+                logit_pos.append(offset + t - 1)
+                targets.append(sample.token_ids[t])
+                behaviour.append(lp)
+                owner.append(first_index + k)
+    long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return PackedBatch(long(ids)[None], long(positions)[None], long(logit_pos), long(targets),
+                       torch.tensor(behaviour, dtype=torch.float32), long(owner))
+
+
+def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
+    """Greedy contiguous split into index lists of at most `token_budget` tokens (a longer sample goes alone)."""
+    batches: list[list[int]] = []
+    used = token_budget + 1
+    for i, sample in enumerate(samples):
+        n = len(sample.token_ids)
+        if used + n > token_budget:
+            batches.append([])
+            used = 0
+        batches[-1].append(i)
+        used += n
+    return batches
+
+
+def token_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.0,
+                   autocast_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """Logprob of each target and the entropy at its position, both (M,); logits only where a loss token is."""
+    ctx = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else nullcontext()
+    with ctx:
+        hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                     use_cache=False).last_hidden_state  # (1, N, H)
+        logits = model.get_output_embeddings()(hidden[0, batch.logit_positions])  # (M, V)
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (M, V)
+    logp = logp_all.gather(1, batch.targets[:, None])[:, 0]  # (M,)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()  # (M,)
+    return logp, entropy
+
+
+class Policy:
+    """A causal LM being trained, its AdamW state and step count (= the policy version it serves after sync)."""
+
+    def __init__(self, model: nn.Module, config: TrainerConfig):
+        self.model, self.config = model, config
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
+        self.step = 0
+        self._autocast = torch.bfloat16 if config.dtype == "bfloat16" else None
+
+    @property
+    def version(self) -> int:
+        return self.step
+
+    def logprobs(self, samples: Sequence[Sample]) -> tuple[Tensor, Tensor]:
+        """(M,) logprobs and entropies of all loss tokens of `samples`, without gradients."""
+        with torch.no_grad():
+            return token_logprobs(self.model, pack(samples), self.config.temperature, self._autocast)
+
+    def train_step(self, samples: Sequence[Sample], advantages: Sequence[float], rollouts: Sequence[int]
+                   ) -> Metrics:
+        """One training step: `updates_per_step` optimizer steps over mini-batches of `samples`.
+
+        `advantages[i]` and `rollouts[i]` belong to samples[i] (its rollout's advantage and an id shared by
+        the samples of one rollout, used by 'rollout_mean').
+        """
+        start = time.perf_counter()
+        self.model.train()
+        adv = torch.tensor(advantages, dtype=torch.float32)  # (S,)
+        rollout = torch.tensor(rollouts, dtype=torch.long)  # (S,)
+        norm = self.config.loss_norm_tokens or max(len(s.token_ids) for s in samples)
+        old = self._old_logprobs(samples)
+        totals = _MetricSum(sum_losses=False)  # mini-batch losses are each a mean: average them
+        for part in _split(len(samples), self.config.updates_per_step):
+            totals.add(self._update([samples[i] for i in part], adv[part], rollout[part], norm,
+                                    None if old is None else [old[i] for i in part]))
+        self.step += 1
+        seconds = time.perf_counter() - start
+        metrics = totals.result()
+        metrics.update({"train/samples": len(samples), "train/seconds": seconds,
+                        "train/tokens_per_s": metrics["train/tokens"] / max(seconds, 1e-9)})
+        return metrics
+
+    def _old_logprobs(self, samples: Sequence[Sample]) -> list[Tensor] | None:
+        """Per-sample logprobs before any update; with one update per step the live ones are equal, so skip."""
+        if self.config.updates_per_step == 1:
+            return None
+        return [self.logprobs([s])[0] for s in samples]
+
+    def _update(self, samples: list[Sample], adv: Tensor, rollout: Tensor, norm: int,
+                old: list[Tensor] | None) -> Metrics:
+        """Accumulate gradients over packed micro-batches, clip, and take one optimizer step."""
+        owner = pack(samples).sample_index  # (M,) over the whole mini-batch, for global loss weights
+        weights = loss_weights(self.config.loss_agg, torch.ones(len(owner)), owner, rollout[owner], norm).float()
+        totals, offset = _MetricSum(), 0
+        for indices in micro_batches(samples, self.config.micro_batch_tokens):
+            batch = pack([samples[i] for i in indices], first_index=indices[0])
+            m = len(batch.targets)
+            metrics = self._backward(batch, adv[batch.sample_index], weights[offset:offset + m],
+                                     None if old is None else torch.cat([old[i] for i in indices]))
+            metrics["train/tokens"] = batch.num_tokens
+            totals.add(metrics, weight=m)
+            offset += m
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        result = totals.result()
+        result["actor/grad_norm"] = grad_norm
+        return result
+
+    def _backward(self, batch: PackedBatch, adv: Tensor, weights: Tensor, old: Tensor | None) -> Metrics:
+        logp, entropy = token_logprobs(self.model, batch, self.config.temperature, self._autocast)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref, _ = token_logprobs(self.reference, batch, self.config.temperature, self._autocast)
+        c = self.config
+        loss, metrics = policy_loss(logp, logp.detach() if old is None else old, batch.behaviour, adv, weights,
+                                    clip_low=c.clip_low, clip_high=c.clip_high, tis_cap=c.tis_cap,
+                                    ref_logprobs=ref, kl_coef=c.kl_coef)
+        loss.backward()
+        metrics["loss/total"] = loss.item()
+        metrics["actor/entropy"] = entropy.mean().item() if len(entropy) else 0.0
+        metrics["train/loss_tokens"] = len(batch.targets)
+        return metrics
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.max_grad_norm or float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str | os.PathLike) -> Path:
+        """HF-format safetensors weights + config, trainer config, optimizer, RNG states and step."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        (path / TRAINER_CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, path / RNG_FILE)
+        if self.reference is not None:
+            save_file({k: v.contiguous() for k, v in self.reference.state_dict().items()
+                       if k != "lm_head.weight" or not _tied(self.reference)}, path / REFERENCE_FILE)
+        (path / STATE_FILE).write_text(json.dumps({"step": self.step}))
+        logger.info("saved checkpoint of step %d to %s", self.step, path)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore everything `save_checkpoint` wrote, so the next step equals the uninterrupted one."""
+        path = Path(path)
+        _load_weights(self.model, load_file(path / "model.safetensors"))
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        rng = torch.load(path / RNG_FILE, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if self.reference is not None and (path / REFERENCE_FILE).exists():
+            _load_weights(self.reference, load_file(path / REFERENCE_FILE))
+        self.step = json.loads((path / STATE_FILE).read_text())["step"]
+
+
+def read_checkpoint_config(path: str | os.PathLike) -> TrainerConfig:
+    return TrainerConfig.from_dict(json.loads((Path(path) / TRAINER_CONFIG_FILE).read_text()))
+
+
+def _tied(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def _load_weights(model: nn.Module, state: dict[str, Tensor]) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    allowed = {"lm_head.weight"} if _tied(model) else set()
+    if unexpected or set(missing) - allowed:
+        raise ValueError(f"checkpoint does not fit the model: missing {missing}, unexpected {unexpected}")
+    if _tied(model):
+        model.tie_weights()
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    reference = copy.deepcopy(model).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+def _split(n: int, parts: int) -> list[list[int]]:
+    """Contiguous near-equal index lists (mini-batches)."""
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+class _MetricSum:
+    """Combines metrics of parts: loss/* and train/* add up, the rest are averaged weighted by tokens."""
+
+    def __init__(self, sum_losses: bool = True) -> None:
+        self.sum_losses = sum_losses
+        self.sums: dict[str, float] = {}
+        self.weight = 0.0
+        self.maxima: dict[str, float] = {}
+
+    def add(self, metrics: Metrics, weight: float = 1.0) -> None:
+        self.weight += weight
+        for key, value in metrics.items():
+            if key.endswith("_max"):
+                self.maxima[key] = max(self.maxima.get(key, value), value)
+            elif key.endswith("_min"):
+                self.maxima[key] = min(self.maxima.get(key, value), value)
+            elif self._additive(key):
+                self.sums[key] = self.sums.get(key, 0.0) + value
+            else:
+                self.sums[key] = self.sums.get(key, 0.0) + value * weight
+
+    def result(self) -> Metrics:
+        out = {k: (v if self._additive(k) else v / max(self.weight, 1e-12)) for k, v in self.sums.items()}
+        out.update(self.maxima)
+        return out
+
+    def _additive(self, key: str) -> bool:
+        return (self.sum_losses and key.startswith("loss/")) or key in ("train/tokens", "train/loss_tokens")
