@@ -1,0 +1,325 @@
+"""The proxy's ASGI app: routes, admission (auth, gate), the engine round trip and recording."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from proxy import sse
+from proxy.anthropic_api import MessagesAdapter
+from proxy.assemble import Accumulator, chunks_from_answer, extract_tokens
+from proxy.auth import key_matches, presented_key
+from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
+from proxy.gate import Gate
+from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
+from proxy.recording import RecordingQueue
+from proxy.responses_api import ResponsesAdapter
+from proxy.types import RecordedCall, Recorder, RolloutDirectory, RolloutInfo, UpstreamConfig
+from proxy.upstream import Upstream, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "chat/completions": ChatAdapter,
+    "completions": CompletionsAdapter,
+    "responses": ResponsesAdapter,
+    "messages": MessagesAdapter,
+}
+
+
+class _Call:
+    """One admitted call: everything known at its start, turned into a RecordedCall at its end."""
+
+    def __init__(self, proxy: ProxyApp, info: RolloutInfo, adapter: Adapter, upstream_body: dict) -> None:
+        self.proxy, self.adapter, self.upstream_body = proxy, adapter, upstream_body
+        self.rollout_id = info.rollout_id
+        self.seq = proxy._take_seq(info)
+        self.policy_version = proxy.policy_version
+        self.started_at, self._t0 = time.time(), time.perf_counter()
+        self.done = False
+
+    def finish(self, status: int, answer: dict | None, response: dict | None, error: str | None) -> RecordedCall:
+        """Leave the gate (once) and build the record."""
+        if not self.done:
+            self.done = True
+            self.proxy.gate.exit()
+        tokens = extract_tokens(answer)
+        return RecordedCall(
+            rollout_id=self.rollout_id, seq=self.seq, api=self.adapter.api, request=self.adapter.request,
+            response=response, upstream_request=self.upstream_body, prompt_ids=tokens.prompt_ids,
+            completion_ids=tokens.completion_ids, logprobs=tokens.logprobs, finish_reason=tokens.finish_reason,
+            status_code=status, latency_ms=(time.perf_counter() - self._t0) * 1000.0,
+            policy_version=self.policy_version, error=error, stream=self.adapter.stream,
+            started_at=self.started_at, upstream_response=answer,
+        )
+
+
+class _CallStream(StreamingResponse):
+    """A streaming response that finalises its call even if the body iterator never ran to its end."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+class ProxyApp:
+    """The recording proxy as an ASGI app, with pause/resume and the policy version for the run to drive."""
+
+    def __init__(
+        self,
+        directory: RolloutDirectory,
+        recorder: Recorder,
+        upstream: UpstreamConfig,
+        policy_version: Callable[[], int] | int = 0,
+        max_body_bytes: int = 32 * 1024 * 1024,
+        pause_wait_s: float = 30.0,
+        retry_after_s: float = 5.0,
+        transport=None,
+    ) -> None:
+        self.directory = directory
+        self.config = upstream
+        self.upstream = Upstream(upstream, transport)
+        self.records = RecordingQueue(recorder)
+        self.recorder = recorder
+        self.gate = Gate(pause_wait_s, retry_after_s)
+        self.max_body_bytes = max_body_bytes
+        self._policy_version = policy_version
+        self._seq: dict[str, int] = {}
+        base = "/rollouts/{rollout_id}/v1/"
+        routes = [Route(base + path, self._endpoint(path), methods=["POST"]) for path in ADAPTERS]
+        routes += [
+            Route(base + "models", self._models, methods=["GET"]),
+            Route(base + "reward", self._reward, methods=["POST"]),
+            Route(base + "{rest:path}", self._unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+            Route("/healthz", self._health, methods=["GET"]),
+        ]
+        self.app = Starlette(routes=routes, lifespan=self._lifespan)
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+    # --- what the run drives -------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        value = self._policy_version
+        return int(value() if callable(value) else value)
+
+    def set_policy_version(self, version: int) -> None:
+        self._policy_version = int(version)
+
+    async def pause(self, timeout: float | None = None) -> None:
+        """Hold new calls and return once calls in flight have drained (TimeoutError if they don't)."""
+        await self.gate.pause(timeout)
+
+    async def resume(self) -> None:
+        await self.gate.resume()
+
+    async def aclose(self) -> None:
+        """Flush pending and retried records, then close the engine client."""
+        await self.records.aclose()
+        await self.upstream.aclose()
+
+    @asynccontextmanager
+    async def _lifespan(self, app):
+        yield
+        await self.aclose()
+
+    # --- admission -----------------------------------------------------------------------------------
+
+    async def _rollout(self, request: Request) -> RolloutInfo:
+        info = await self.directory.get(request.path_params["rollout_id"])
+        if info is None:
+            raise ProxyError(404, f"unknown rollout '{request.path_params['rollout_id']}'", "rollout_not_found")
+        if not key_matches(presented_key(request), info.secret_hash):
+            raise ProxyError(401, "missing or invalid API key for this rollout", "invalid_api_key")
+        if info.finished:
+            raise ProxyError(409, f"rollout '{info.rollout_id}' is finished", "rollout_finished")
+        return info
+
+    async def _read_json(self, request: Request) -> object:
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > self.max_body_bytes:
+                raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
+            parts.append(part)
+        try:
+            return json.loads(b"".join(parts))
+        except ValueError:
+            raise ProxyError(400, "request body is not valid JSON", "invalid_json") from None
+
+    def _take_seq(self, info: RolloutInfo) -> int:
+        seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
+        self._seq[info.rollout_id] = seq + 1
+        return seq
+
+    # --- model calls ---------------------------------------------------------------------------------
+
+    def _endpoint(self, path: str):
+        adapter_cls = ADAPTERS[path]
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                info = await self._rollout(request)
+                adapter = adapter_cls(await self._read_json(request))
+                upstream_stream = adapter.stream and self.config.stream
+                upstream_body = adapter.upstream_body(self.config.served_model, upstream_stream)
+                await self.gate.enter()
+            except ProxyError as exc:
+                return error_response(adapter_cls.error_format, exc)
+            call = _Call(self, info, adapter, upstream_body)
+            if upstream_stream:
+                return await self._stream_from_stream(call)
+            return await self._from_answer(call)
+
+        return endpoint
+
+    def _failed(self, call: _Call, exc: UpstreamError) -> Response:
+        message = upstream_error_message(exc.body, exc.message)
+        body = error_body(call.adapter.error_format, exc.status, message)
+        answer = exc.body if isinstance(exc.body, dict) else None
+        self.records.submit(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
+        return JSONResponse(body, status_code=exc.status)
+
+    async def _from_answer(self, call: _Call) -> Response:
+        adapter = call.adapter
+        try:
+            answer = await self.upstream.post_json(adapter.upstream_path, call.upstream_body)
+            response = adapter.response(answer)
+        except UpstreamError as exc:
+            return self._failed(call, exc)
+        except BaseException:
+            self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
+            raise
+        record = call.finish(200, answer, response, None)
+        if not adapter.stream:
+            await self.records.record(record)
+            return JSONResponse(response)
+
+        async def replay() -> AsyncIterator[dict]:
+            for chunk in chunks_from_answer(answer, adapter.kind):
+                yield chunk
+            await self.records.record(record)  # before the stream's last event: recorded when the harness sees it end
+
+        return StreamingResponse(adapter.events(replay()), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+
+    async def _stream_from_stream(self, call: _Call) -> Response:
+        adapter = call.adapter
+        stack = AsyncExitStack()
+        try:
+            chunks = await stack.enter_async_context(self.upstream.stream(adapter.upstream_path, call.upstream_body))
+        except UpstreamError as exc:
+            await stack.aclose()
+            return self._failed(call, exc)
+        except BaseException:
+            self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
+            raise
+        acc = Accumulator(adapter.kind)
+
+        async def tap() -> AsyncIterator[dict]:
+            async for chunk in chunks:
+                acc.add(chunk)
+                yield chunk
+            answer = acc.result()
+            await self.records.record(call.finish(200, answer, adapter.response(answer), None))
+
+        def end(status: int, error: str) -> None:
+            if not call.done:
+                answer = acc.result()
+                self.records.submit(call.finish(status, answer, adapter.response(answer), error))
+
+        async def close() -> None:
+            end(499, "client disconnected before the stream ended")
+            await stack.aclose()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for piece in adapter.events(tap()):
+                    yield piece
+            except UpstreamError as exc:
+                message = upstream_error_message(exc.body, exc.message)
+                end(exc.status, f"{exc.status}: {message} (mid-stream)")
+                yield adapter.stream_error(exc.status, message)
+            except Exception as exc:
+                logger.exception("rollout %s seq %s: proxy failed mid-stream", call.rollout_id, call.seq)
+                end(500, f"proxy error mid-stream: {exc!r}")
+                yield adapter.stream_error(500, "proxy error mid-stream")
+            finally:
+                await close()
+
+        return _CallStream(body(), close)
+
+    # --- other routes --------------------------------------------------------------------------------
+
+    async def _models(self, request: Request) -> Response:
+        fmt = ANTHROPIC if "anthropic-version" in request.headers else OPENAI
+        try:
+            await self._rollout(request)
+        except ProxyError as exc:
+            return error_response(fmt, exc)
+        model = self.config.served_model
+        if fmt == ANTHROPIC:
+            entry = {"type": "model", "id": model, "display_name": model, "created_at": "1970-01-01T00:00:00Z"}
+            return JSONResponse({"data": [entry], "has_more": False, "first_id": model, "last_id": model})
+        entry = {"id": model, "object": "model", "created": 0, "owned_by": "lightning-web"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def _reward(self, request: Request) -> Response:
+        try:
+            info = await self._rollout(request)
+            body = await self._read_json(request)
+            if not isinstance(body, dict):
+                raise ProxyError(400, "request body must be a JSON object", "invalid_body")
+            reward = check_field(body, "reward", (int, float), required=True)
+            if not math.isfinite(reward):
+                raise ProxyError(400, "field 'reward' must be a finite number", "invalid_value")
+            detail = check_field(body, "detail", dict) or {}
+        except ProxyError as exc:
+            return error_response(OPENAI, exc)
+        try:
+            await self.recorder.report_reward(info.rollout_id, float(reward), detail)
+        except Exception:
+            logger.exception("rollout %s: recorder failed to store reward %s", info.rollout_id, reward)
+            return error_response(OPENAI, ProxyError(503, "could not store the reward; retry", "reward_not_stored"))
+        return JSONResponse({"rollout_id": info.rollout_id, "reward": float(reward), "detail": detail})
+
+    async def _unknown(self, request: Request) -> Response:
+        fmt = ANTHROPIC if "anthropic-version" in request.headers else OPENAI
+        rest = request.path_params["rest"]
+        return error_response(fmt, ProxyError(404, f"unknown endpoint '/v1/{rest}'", "unknown_endpoint"))
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True, "paused": self.gate.paused, "in_flight": self.gate.in_flight})
+
+
+def create_app(
+    directory: RolloutDirectory,
+    recorder: Recorder,
+    upstream: UpstreamConfig,
+    policy_version: Callable[[], int] | int = 0,
+    max_body_bytes: int = 32 * 1024 * 1024,
+    pause_wait_s: float = 30.0,
+    retry_after_s: float = 5.0,
+    transport=None,
+) -> ProxyApp:
+    """The proxy for one run; serve it with uvicorn and `await app.aclose()` when done."""
+    return ProxyApp(directory, recorder, upstream, policy_version, max_body_bytes, pause_wait_s, retry_after_s, transport)

@@ -1,0 +1,55 @@
+"""Pause and resume around weight updates: new calls wait (bounded) or get 429; calls in flight drain."""
+from __future__ import annotations
+
+import asyncio
+import math
+
+from proxy.errors import ProxyError
+
+
+class Gate:
+    """Admission control for engine calls; `pause` returns once every admitted call has finished."""
+
+    def __init__(self, wait_s: float = 30.0, retry_after_s: float = 5.0) -> None:
+        self.wait_s = wait_s  # how long a new call waits while paused before its 429
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def enter(self) -> None:
+        """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused."""
+        if not self._open.is_set():
+            try:
+                await asyncio.wait_for(self._open.wait(), self.wait_s)
+            except TimeoutError:
+                raise ProxyError(
+                    429,
+                    "the engine is paused for a weight update; retry shortly",
+                    "engine_paused",
+                    {"retry-after": str(max(1, math.ceil(self.retry_after_s)))},
+                ) from None
+        self.in_flight += 1
+        self._drained.clear()
+
+    def exit(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._drained.set()
+
+    async def pause(self, timeout: float | None = None) -> None:
+        """Stop admitting calls and wait for those in flight; TimeoutError (still paused) if they don't drain."""
+        self._open.clear()
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{self.in_flight} calls still in flight after {timeout}s; the proxy stays paused") from None
+
+    async def resume(self) -> None:
+        self._open.set()

@@ -1,0 +1,150 @@
+"""Typed boundary of the proxy: recorded calls, rollout lookups, recorder protocols and in-memory versions."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+APIS = ("chat", "completions", "responses", "messages")
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One model call as the harness made it and as the engine answered it."""
+
+    rollout_id: str
+    seq: int
+    api: str  # one of APIS
+    request: dict  # body the harness sent, verbatim
+    response: dict | None  # body returned to the harness (for streams: the assembled final object)
+    upstream_request: dict  # chat/completions body sent to the engine
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # sampled-token logprobs, one per completion id
+    finish_reason: str | None  # upstream (chat completions) finish reason
+    status_code: int
+    latency_ms: float
+    policy_version: int
+    error: str | None
+    stream: bool
+    started_at: float  # unix time
+    upstream_response: dict | None = None  # engine's answer (streams: assembled), with token ids
+
+
+@dataclass(frozen=True)
+class RolloutInfo:
+    """What the proxy needs to know about a rollout to admit a call."""
+
+    rollout_id: str
+    secret_hash: str  # proxy.auth.hash_secret(secret)
+    finished: bool
+    next_seq: int = 0  # seq of the next call (calls already recorded before a proxy restart)
+
+
+@runtime_checkable
+class Recorder(Protocol):
+    """Receives every call the proxy served (or failed to serve) and rewards reported by harnesses."""
+
+    async def record(self, call: RecordedCall) -> None: ...
+
+    async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None: ...
+
+
+@runtime_checkable
+class RolloutDirectory(Protocol):
+    """Looks up rollouts by id; called once per request, so it must be cheap."""
+
+    async def get(self, rollout_id: str) -> RolloutInfo | None: ...
+
+
+@dataclass
+class InMemoryRecorder:
+    """Recorder keeping calls and rewards in lists (tests, benchmark)."""
+
+    calls: list[RecordedCall] = field(default_factory=list)
+    rewards: list[tuple[str, float, dict]] = field(default_factory=list)
+
+    async def record(self, call: RecordedCall) -> None:
+        self.calls.append(call)
+
+    async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None:
+        self.rewards.append((rollout_id, reward, detail))
+
+    def for_rollout(self, rollout_id: str) -> list[RecordedCall]:
+        return sorted((c for c in self.calls if c.rollout_id == rollout_id), key=lambda c: c.seq)
+
+
+@dataclass
+class InMemoryDirectory:
+    """Directory over a dict of RolloutInfo (tests, benchmark)."""
+
+    rollouts: dict[str, RolloutInfo] = field(default_factory=dict)
+
+    def add(self, rollout_id: str, secret: str, next_seq: int = 0) -> RolloutInfo:
+        from proxy.auth import hash_secret
+
+        info = RolloutInfo(rollout_id, hash_secret(secret), finished=False, next_seq=next_seq)
+        self.rollouts[rollout_id] = info
+        return info
+
+    def finish(self, rollout_id: str) -> None:
+        info = self.rollouts[rollout_id]
+        self.rollouts[rollout_id] = RolloutInfo(info.rollout_id, info.secret_hash, True, info.next_seq)
+
+    async def get(self, rollout_id: str) -> RolloutInfo | None:
+        return self.rollouts.get(rollout_id)
+
+
+class CachedDirectory:
+    """Wraps a directory with a short per-rollout cache; `invalidate` makes a finish visible at once."""
+
+    def __init__(self, inner: RolloutDirectory, ttl_s: float = 1.0) -> None:
+        self._inner = inner
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, RolloutInfo | None]] = {}
+
+    async def get(self, rollout_id: str) -> RolloutInfo | None:
+        now = asyncio.get_running_loop().time()
+        hit = self._cache.get(rollout_id)
+        if hit is not None and now - hit[0] < self._ttl_s:
+            return hit[1]
+        info = await self._inner.get(rollout_id)
+        if info is not None:  # unknown ids are not cached: a guessed id must not grow the cache
+            self._cache[rollout_id] = (now, info)
+        return info
+
+    def invalidate(self, rollout_id: str) -> None:
+        self._cache.pop(rollout_id, None)
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """Where the engine is and how to talk to it."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible base URL of the engine, including /v1."""
+    served_model: str = "model"
+    """Model name the engine serves; every harness model name maps to it."""
+    api_key: str | None = None
+    """Bearer key for the engine, if it wants one."""
+    connect_timeout_s: float = 5.0
+    """Seconds to open a connection to the engine."""
+    read_timeout_s: float = 600.0
+    """Seconds to wait for the next bytes of an answer (a long generation without streaming)."""
+    write_timeout_s: float = 30.0
+    """Seconds to send a request body."""
+    pool_timeout_s: float = 30.0
+    """Seconds to wait for a free connection from the pool."""
+    max_connections: int = 512
+    """Connection pool size to the engine."""
+    stream: bool = True
+    """Stream from the engine when the harness streams; False asks for whole answers and re-streams them."""
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"UpstreamConfig.base_url must be an http(s) URL, got {self.base_url!r}")
+        if min(self.connect_timeout_s, self.read_timeout_s, self.write_timeout_s, self.pool_timeout_s) <= 0:
+            raise ValueError("UpstreamConfig timeouts must be positive seconds")
+
+
+JSON = dict[str, Any]
