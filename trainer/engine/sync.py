@@ -1,0 +1,209 @@
+"""Weight sync into a running vLLM server: pause, swap safetensors, reload_weights, reset prefix cache, resume."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Mapping
+
+import httpx
+
+from trainer.engine.server import EngineError
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def stage_model(source: str | Path, dest: str | Path) -> Path:
+    """Make a run-private copy of a model folder to serve (hard links where possible: cheap).
+
+    Weight sync renames new files over the served ones, which replaces directory entries and never writes
+    through a link, so the source folder in the registry stays untouched.
+    """
+    source, dest = Path(source), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_dir():
+            shutil.copytree(item, dest / item.name, dirs_exist_ok=True)
+            continue
+        target = dest / item.name
+        target.unlink(missing_ok=True)
+        try:
+            os.link(item, target)
+        except OSError:
+            shutil.copy2(item, target)
+    return dest
+
+
+def is_tied(model_dir: Path) -> bool:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", False))
+
+
+def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"]) -> Path:
+    """Atomically replace the folder's safetensors with state_dict (tied lm_head left out, shards removed)."""
+    import torch
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    skip = {"lm_head.weight"} if is_tied(model_dir) else set()
+    tensors = {_checkpoint_name(k): v.detach().to("cpu", copy=False).contiguous()
+               for k, v in state_dict.items() if _checkpoint_name(k) not in skip}
+    if not tensors or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise ValueError("state_dict must map parameter names to tensors")
+    fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".tmp", dir=model_dir)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, model_dir / WEIGHTS_FILE)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _drop_other_shards(model_dir)
+    return model_dir / WEIGHTS_FILE
+
+
+def copy_weights(model_dir: str | Path, checkpoint_dir: str | Path) -> None:
+    """Atomically replace the folder's safetensors with those of a checkpoint folder."""
+    model_dir, checkpoint_dir = Path(model_dir), Path(checkpoint_dir)
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors in {checkpoint_dir}")
+    for src in files:
+        fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".tmp", dir=model_dir)
+        os.close(fd)
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, model_dir / src.name)
+    keep = {f.name for f in files}
+    index = checkpoint_dir / f"{WEIGHTS_FILE}.index.json"
+    if index.exists():
+        shutil.copyfile(index, model_dir / index.name)
+        keep.add(index.name)
+    _drop_other_shards(model_dir, keep=keep)
+
+
+def _checkpoint_name(key: str) -> str:
+    """Parameter names as in an HF checkpoint (strip torch.compile and DDP wrappers)."""
+    for prefix in ("_orig_mod.", "module."):
+        key = key.removeprefix(prefix)
+    return key
+
+
+def _drop_other_shards(model_dir: Path, keep: set[str] | None = None) -> None:
+    """vLLM loads every *.safetensors in the folder: leave only the ones just written."""
+    keep = keep or {WEIGHTS_FILE}
+    for path in list(model_dir.glob("*.safetensors")) + [model_dir / f"{WEIGHTS_FILE}.index.json"]:
+        if path.name not in keep and path.exists():
+            path.unlink()
+
+
+class WeightSync:
+    """Controls one running vLLM dev-mode server: pause, resume, weight reload and the served policy version.
+
+    The policy version is stored in the server itself (/update_weight_version, read back by /weight_info),
+    so it survives a restart of this object and every client can read it.
+    """
+
+    def __init__(self, base_url: str, model_dir: str | Path, timeout: float = 300.0, pause_mode: str = "wait"):
+        if pause_mode not in ("wait", "abort", "keep"):
+            raise ValueError(f"pause_mode must be 'wait', 'abort' or 'keep', got {pause_mode!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model_dir = Path(model_dir)
+        self.pause_mode = pause_mode
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"engine at {self.base_url} unreachable for {method} {path}: {exc}") from exc
+        if response.status_code == 404:
+            raise EngineError(f"engine at {self.base_url} has no {path}: start it with VLLM_SERVER_DEV_MODE=1")
+        if response.status_code >= 400:
+            raise EngineError(f"engine {method} {path} failed ({response.status_code}): {response.text[:500]}")
+        return response
+
+    def pause(self) -> None:
+        """Stop scheduling; in 'wait' mode calls in flight finish first, new ones queue until resume()."""
+        self._call("POST", "/pause", params={"mode": self.pause_mode})
+
+    def resume(self) -> None:
+        self._call("POST", "/resume")
+
+    def is_paused(self) -> bool:
+        return bool(self._call("GET", "/is_paused").json()["is_paused"])
+
+    def reload(self) -> float:
+        """Make vLLM re-read the served folder's safetensors in place; returns seconds taken."""
+        started = time.monotonic()
+        self._call("POST", "/collective_rpc", json={"method": "reload_weights"})
+        self._call("POST", "/reset_prefix_cache")  # cached KV was computed with the old weights
+        return time.monotonic() - started
+
+    def set_version(self, version: int) -> None:
+        self._call("POST", "/update_weight_version", json={"new_version": str(version)})
+
+    def version(self) -> int | None:
+        """Policy version the engine serves (None until the first set_version: the base model)."""
+        value = self._call("GET", "/weight_info").json().get("weight_version")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+
+    def update_weights(self, weights: Mapping[str, "object"] | str | Path, version: int) -> dict[str, float]:
+        """Pause, swap in a state dict or a checkpoint folder, reload, tag the version, resume (always)."""
+        timings = {}
+        started = time.monotonic()
+        self.pause()
+        timings["pause_s"] = time.monotonic() - started
+        try:
+            t = time.monotonic()
+            if isinstance(weights, (str, Path)):
+                copy_weights(self.model_dir, weights)
+            else:
+                write_weights(self.model_dir, weights)
+            timings["write_s"] = time.monotonic() - t
+            timings["reload_s"] = self.reload()
+            self.set_version(version)
+        finally:
+            self.resume()
+        timings["total_s"] = time.monotonic() - started
+        logger.info("engine %s now serves policy version %d (%.2f s)", self.base_url, version, timings["total_s"])
+        return timings
+
+    def __enter__(self) -> "WeightSync":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NoWeightSync:
+    """An external OpenAI-compatible engine: evaluation and data collection only, weights are never synced."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/")
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def version(self) -> int | None:
+        return None
+
+    def update_weights(self, weights, version: int) -> dict[str, float]:
+        raise EngineError(f"the engine at {self.base_url} is an external URL: weight sync is not possible; "
+                          "use an external engine for evaluation or data collection only")
+
+    def close(self) -> None:
+        pass
