@@ -193,11 +193,11 @@ class ProxyApp:
 
         return endpoint
 
-    def _failed(self, call: _Call, exc: UpstreamError) -> Response:
+    async def _failed(self, call: _Call, exc: UpstreamError) -> Response:
         message = upstream_error_message(exc.body, exc.message)
         body = error_body(call.adapter.error_format, exc.status, message)
         answer = exc.body if isinstance(exc.body, dict) else None
-        self.records.submit(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
+        await self.records.record(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
         return JSONResponse(body, status_code=exc.status)
 
     async def _from_answer(self, call: _Call) -> Response:
@@ -206,7 +206,7 @@ class ProxyApp:
             answer = await self.upstream.post_json(adapter.upstream_path, call.upstream_body)
             response = adapter.response(answer)
         except UpstreamError as exc:
-            return self._failed(call, exc)
+            return await self._failed(call, exc)
         except BaseException:
             self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
             raise
@@ -229,7 +229,7 @@ class ProxyApp:
             chunks = await stack.enter_async_context(self.upstream.stream(adapter.upstream_path, call.upstream_body))
         except UpstreamError as exc:
             await stack.aclose()
-            return self._failed(call, exc)
+            return await self._failed(call, exc)
         except BaseException:
             self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
             raise
@@ -242,13 +242,16 @@ class ProxyApp:
             answer = acc.result()
             await self.records.record(call.finish(200, answer, adapter.response(answer), None))
 
-        def end(status: int, error: str) -> None:
-            if not call.done:
-                answer = acc.result()
-                self.records.submit(call.finish(status, answer, adapter.response(answer), error))
+        def end(status: int, error: str) -> RecordedCall | None:
+            if call.done:
+                return None
+            answer = acc.result()
+            return call.finish(status, answer, adapter.response(answer), error)
 
         async def close() -> None:
-            end(499, "client disconnected before the stream ended")
+            record = end(499, "client disconnected before the stream ended")
+            if record is not None:
+                self.records.submit(record)  # we may be cancelled here: record in the background
             await stack.aclose()
 
         async def body() -> AsyncIterator[bytes]:
@@ -257,16 +260,20 @@ class ProxyApp:
                     yield piece
             except UpstreamError as exc:
                 message = upstream_error_message(exc.body, exc.message)
-                end(exc.status, f"{exc.status}: {message} (mid-stream)")
+                await self._record_if(end(exc.status, f"{exc.status}: {message} (mid-stream)"))
                 yield adapter.stream_error(exc.status, message)
             except Exception as exc:
                 logger.exception("rollout %s seq %s: proxy failed mid-stream", call.rollout_id, call.seq)
-                end(500, f"proxy error mid-stream: {exc!r}")
+                await self._record_if(end(500, f"proxy error mid-stream: {exc!r}"))
                 yield adapter.stream_error(500, "proxy error mid-stream")
             finally:
                 await close()
 
         return _CallStream(body(), close)
+
+    async def _record_if(self, record: RecordedCall | None) -> None:
+        if record is not None:
+            await self.records.record(record)
 
     # --- other routes --------------------------------------------------------------------------------
 
