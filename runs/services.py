@@ -47,7 +47,13 @@ class NotOwned(ServiceError):
 class DatasetRejected(ServiceError):
     def __init__(self, errors: list[dict[str, Any]]):
         self.errors = errors
-        super().__init__(f"the upload has {len(errors)} bad line(s); nothing was saved")
+        first = errors[0]
+        if first["line"] == 0:
+            message = f"{first['error']}; nothing was saved"
+        else:
+            message = (f"the upload has {len(errors)} bad line(s); nothing was saved. "
+                       f"First: line {first['line']}: {first['error']}")
+        super().__init__(message)
 
 
 # ---------------------------------------------------------------- ownership

@@ -23,7 +23,20 @@ class OwnedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
         return selectors.owned(super().get_queryset(), self.context["request"].user)
 
 
-class HarnessSerializer(serializers.ModelSerializer):
+class UniqueNameMixin:
+    """Names are unique per owner: say so as a field error rather than failing on the constraint."""
+
+    def validate_name(self, value):
+        model = self.Meta.model
+        mine = model.objects.filter(owner=self.context["request"].user, name=value)
+        if self.instance is not None:
+            mine = mine.exclude(pk=self.instance.pk)
+        if mine.exists():
+            raise serializers.ValidationError(f"you already have a {model._meta.verbose_name} named {value!r}")
+        return value
+
+
+class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
     class Meta:
         model = Harness
         fields = ["id", "name", "description", "command", "env", "executor", "image", "resources", "timeout_s",
@@ -72,11 +85,12 @@ class HarnessSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class RewardScriptSerializer(serializers.ModelSerializer):
+class RewardScriptSerializer(UniqueNameMixin, serializers.ModelSerializer):
     class Meta:
         model = RewardScript
         fields = ["id", "name", "description", "source", "timeout_s", "version", "created_at", "updated_at"]
         read_only_fields = ["version", "created_at", "updated_at"]
+        extra_kwargs = {"source": {"trim_whitespace": False}}
 
     def validate_source(self, value):
         try:
@@ -119,7 +133,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 class DatasetUploadSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, default="")
-    file = serializers.FileField(help_text="JSONL (one task object per line) or a JSON array of task objects")
+    file = serializers.FileField(allow_empty_file=True, help_text="JSONL (one task object per line) or a JSON array of task objects")
     split_field = serializers.CharField(required=False, allow_blank=True, default="",
                                         help_text="Field holding 'train' or 'val' on every task")
     val_ratio = serializers.FloatField(required=False, default=0.1, min_value=0.0, max_value=1.0,

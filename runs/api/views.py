@@ -18,7 +18,7 @@ from runs.models import Dataset, Harness, RewardScript, Rollout, Run, Task
 
 
 class OwnedViewSet(viewsets.GenericViewSet):
-    permission_classes = [IsOwnerOrStaff]
+    permission_classes = [IsAuthenticated, IsOwnerOrStaff]
 
     def get_queryset(self):
         return selectors.owned(self.queryset.all(), self.request.user)

@@ -1,0 +1,69 @@
+"""/api/v1/reward-scripts/: CRUD and the `test` action through the reward sandbox."""
+import pytest
+
+from runs.models import RewardScript
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/reward-scripts/"
+SOURCE = "def reward(task, outcome):\n    return {'reward': float(outcome['answer'] == task['answer']), 'seen': outcome['answer']}\n"
+
+
+def test_it_creates_a_script(alice_api, alice):
+    response = alice_api.post(URL, {"name": "exact", "source": SOURCE}, format="json")
+    assert response.status_code == 201
+    assert response.json()["version"] == 1 and response.json()["timeout_s"] == 10
+    assert RewardScript.objects.get(owner=alice).source == SOURCE
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def reward(task outcome):\n    pass", "SyntaxError"),
+    ("def score(task, outcome):\n    return 1", "must define a top-level function reward(task, outcome)"),
+])
+def test_it_rejects_scripts_that_cannot_work(alice_api, source, message):
+    response = alice_api.post(URL, {"name": "bad", "source": source}, format="json")
+    assert response.status_code == 400 and message in response.json()["error"]["message"]
+    assert RewardScript.objects.count() == 0
+
+
+def test_the_test_action_scores_in_the_sandbox(alice_api, alice, make_reward):
+    script = make_reward(alice, source=SOURCE)
+    response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 4}}, format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["ok"] is True and body["reward"] == 1.0 and body["detail"] == {"seen": 4} and body["error"] == ""
+    response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 5}}, format="json")
+    assert response.json()["reward"] == 0.0
+
+
+def test_the_test_action_returns_a_readable_error(alice_api, alice, make_reward):
+    script = make_reward(alice, source=SOURCE)
+    response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {}}, format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["ok"] is False and body["reward"] is None and body["kind"] == "exception"
+    assert body["error"] == "KeyError: 'answer' (line 2)"
+
+
+def test_the_test_action_reports_a_timeout(alice_api, alice, make_reward):
+    script = make_reward(alice, source="def reward(task, outcome):\n    while True:\n        pass\n", timeout_s=1)
+    body = alice_api.post(f"{URL}{script.pk}/test/", {"task": {}, "outcome": {}}, format="json").json()
+    assert body["ok"] is False and body["kind"] == "timeout" and "timed out after 1 s" in body["error"]
+
+
+def test_the_test_action_needs_task_and_outcome(alice_api, alice, make_reward):
+    script = make_reward(alice)
+    response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {}}, format="json")
+    assert response.status_code == 400 and "outcome" in response.json()["error"]["fields"]
+
+
+def test_others_cannot_test_or_read_a_script(alice, bob_api, make_reward):
+    script = make_reward(alice)
+    assert bob_api.post(f"{URL}{script.pk}/test/", {"task": {}, "outcome": {}}, format="json").status_code == 404
+    assert bob_api.get(f"{URL}{script.pk}/").status_code == 404
+
+
+def test_editing_the_source_bumps_the_version(alice_api, alice, make_reward):
+    script = make_reward(alice)
+    response = alice_api.patch(f"{URL}{script.pk}/", {"source": SOURCE}, format="json")
+    assert response.status_code == 200 and response.json()["version"] == 2
+    assert RewardScript.objects.get(pk=script.pk).source == SOURCE
