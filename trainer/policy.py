@@ -118,6 +118,9 @@ class Policy:
         the samples of one rollout, used by 'rollout_mean').
         """
         start = time.perf_counter()
+        if not samples:  # every rollout failed: nothing to learn from, but the step still counts
+            self.step += 1
+            return {"train/samples": 0, "train/tokens": 0, "train/seconds": 0.0}
         self.model.train()
         adv = torch.tensor(advantages, dtype=torch.float32)  # (S,)
         rollout = torch.tensor(rollouts, dtype=torch.long)  # (S,)

@@ -1,0 +1,179 @@
+"""Scheduler: sync steps, async admission and the staleness bound, failed rollouts, metrics, checkpoints."""
+import asyncio
+
+import pytest
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.inprocess import TorchEngine, tiny_qwen2
+from trainer.policy import Policy, pack
+from trainer.samples import CallRecord
+from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
+
+
+class SpyEngine:
+    """Engine protocol double: records the order of control calls and the versions it was given."""
+
+    def __init__(self):
+        self.version, self.events = 0, []
+
+    async def pause(self):
+        self.events.append("pause")
+
+    async def update_weights(self, model, version):
+        self.events.append(f"update:{version}")
+        self.version = version
+
+    async def resume(self):
+        self.events.append("resume")
+
+
+class TickSource:
+    """RolloutSource double on a logical clock: a rollout of group g finishes `durations(g)` ticks after launch.
+
+    Each call to next_finished advances the clock to the earliest pending finish, so the order is exact.
+    """
+
+    def __init__(self, engine, durations=lambda g: 1, rewards=lambda g, a: float(a % 2), failed=lambda g, a: False,
+                 calls=None):
+        self.engine, self.durations, self.rewards, self.failed = engine, durations, rewards, failed
+        self.calls = calls or (lambda g, a, v: (CallRecord(0, (1, 10 + g), (20 + a, 21), (-1.0, -1.0),
+                                                           policy_version=v),))
+        self.now, self.pending, self.launched, self.cancelled, self.in_flight_max = 0, [], [], [], 0
+
+    async def launch(self, group: GroupRequest):
+        self.launched.append(group)
+        for a in range(group.size):
+            result = RolloutResult(group.group_id, f"{group.group_id}/{a}",
+                                   self.calls(group.group_id, a, self.engine.version),
+                                   self.rewards(group.group_id, a), self.failed(group.group_id, a))
+            self.pending.append((self.now + self.durations(group.group_id), len(self.launched), a, result))
+        self.in_flight_max = max(self.in_flight_max, len({p[3].group_id for p in self.pending}))
+
+    async def next_finished(self):
+        self.pending.sort(key=lambda p: p[:3])
+        finish, *_, result = self.pending.pop(0)
+        self.now = max(self.now, finish)
+        return result
+
+    async def cancel(self, group_id):
+        self.cancelled.append(group_id)
+        self.pending = [p for p in self.pending if p[3].group_id != group_id]
+
+
+def policy(**overrides):
+    config = TrainerConfig(**{"tasks_per_step": 2, "group_size": 2, "steps": 3, "learning_rate": 1e-3, **overrides})
+    return Policy(tiny_qwen2(), config)
+
+
+async def test_it_runs_sync_steps_generate_then_train_then_sync():
+    engine = SpyEngine()
+    source = TickSource(engine)
+    reports = await run(policy(), engine, source)
+    assert [r.step for r in reports] == [1, 2, 3]
+    assert [sorted({s.rollout_id.split("/")[0] for s in r.samples}) for r in reports] == [
+        ["0", "1"], ["2", "3"], ["4", "5"]]
+    assert [g.policy_version for g in source.launched] == [0, 0, 1, 1, 2, 2]
+    assert engine.events == ["pause", "update:1", "resume", "pause", "update:2", "resume",
+                             "pause", "update:3", "resume"]
+    assert all(s.staleness == 0 for r in reports for s in r.samples)
+    assert source.in_flight_max == 2 and source.cancelled == []
+    m = reports[0].metrics
+    assert (m["reward/mean"], m["reward/std"], m["reward/pass_rate"]) == (0.5, 0.5, 0.5)
+    assert [s.advantage for s in reports[0].samples] == pytest.approx([-0.70710, 0.70710] * 2, abs=1e-4)
+
+
+async def test_it_keeps_groups_in_flight_and_forces_a_slow_group_at_the_staleness_bound():
+    engine = SpyEngine()
+    source = TickSource(engine, durations=lambda g: 50 if g == 0 else 1)
+    config = {"mode": "async", "tasks_per_step": 1, "steps": 4, "max_staleness": 1}
+    reports = await run(policy(**config), engine, source)
+    trained = [sorted({int(s.rollout_id.split("/")[0]) for s in r.samples}) for r in reports]
+    # Group 0 is slow: step 1 trains group 1; at version 1 group 0 is overdue, so step 2 waits for it.
+    assert trained == [[1], [0], [2], [3]]
+    assert [s.staleness for s in reports[1].samples] == [1, 1]
+    assert max(r.metrics["staleness/max"] for r in reports) == 1
+    assert source.in_flight_max == 2  # (max_staleness + 1) * tasks_per_step
+    assert len(source.launched) == 4 and source.cancelled == []  # never launched beyond the last step
+
+
+async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
+    engine = SpyEngine()
+    source = TickSource(engine, durations=lambda g: 1 + g)
+
+    def stop(report):
+        raise RuntimeError("cancelled by the user")
+
+    with pytest.raises(RuntimeError, match="cancelled by the user"):
+        await run(policy(mode="async", tasks_per_step=1, steps=5, max_staleness=2), engine, source, on_step=stop)
+    assert source.cancelled == [1, 2]  # group 0 was trained; 1 and 2 were still running
+
+
+async def test_it_keeps_failed_rollouts_in_the_baseline_without_training_on_them():
+    engine = SpyEngine()
+    source = TickSource(engine, rewards=lambda g, a: 1.0 if a == 0 else 0.0, failed=lambda g, a: a == 1)
+    reports = await run(policy(steps=1, advantage="dr_grpo"), engine, source)
+    samples = reports[0].samples
+    assert [s.rollout_id for s in samples] == ["0/0", "1/0"]
+    assert [s.advantage for s in samples] == pytest.approx([0.5, 0.5])
+    assert reports[0].metrics["rollout/failed_frac"] == 0.5
+    assert set(reports[0].drift) == {"0/0", "0/1", "1/0", "1/1"}
+
+
+async def test_it_measures_drift_lengths_and_the_time_split():
+    def calls(g, a, v):  # call 1 extends call 0 (clean), call 2 is a sub-agent (fork)
+        return (CallRecord(0, (1, 2), (3,), (-1.0,), policy_version=v),
+                CallRecord(1, (1, 2, 3, 4), (5, 6), (-1.0, -1.0), policy_version=v),
+                CallRecord(2, (9,), (7,), (-1.0,), policy_version=v))
+    engine = SpyEngine()
+    reports = await run(policy(steps=1), engine, TickSource(engine, calls=calls))
+    m = reports[0].metrics
+    assert (m["drift/clean_rate"], m["drift/fork_rate"], m["drift/realign_rate"]) == (0.5, 0.5, 0.0)
+    assert m["length/completion_tokens_mean"] == 4
+    assert m["length/sample_tokens_mean"] == (6 + 2) / 2
+    assert m["rollout/calls_mean"] == 3
+    assert m["train/samples"] == 8
+    split = m["time/generate"] + m["time/train"] + m["time/sync"] + m["time/idle"]
+    assert split == pytest.approx(m["time/step"], rel=1e-6) or split >= m["time/step"]
+    assert 0 <= m["time/busy_frac"] <= 1
+
+
+async def test_it_checkpoints_and_resumes_at_the_saved_step(tmp_path):
+    engine = SpyEngine()
+    first = policy(steps=2, checkpoint_every=1)
+    await Scheduler(first, engine, TickSource(engine), checkpoint_dir=tmp_path).run()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001", "step-000002"]
+    resumed = policy(steps=3)
+    resumed.load_checkpoint(tmp_path / "step-000002")
+    engine = SpyEngine()
+    engine.version = resumed.version
+    reports = await run(resumed, engine, TickSource(engine))
+    assert [r.step for r in reports] == [3]
+    assert engine.events == ["pause", "update:3", "resume"]
+
+
+async def test_torch_engine_holds_calls_while_paused_and_stamps_the_new_version():
+    model = tiny_qwen2()
+    engine = TorchEngine(model, temperature=0.7)
+    await engine.pause()
+    held = asyncio.create_task(engine.generate([1, 2, 3], max_new_tokens=3))
+    await asyncio.sleep(0.05)
+    assert not held.done()
+    await engine.update_weights(model, version=7)
+    await engine.resume()
+    out = await held
+    assert out.policy_version == 7 and len(out.completion_ids) == len(out.logprobs) == 3
+    assert out.finish_reason == "length"
+
+
+async def test_torch_engine_logprobs_match_the_trainers():
+    model = tiny_qwen2()
+    config = TrainerConfig(temperature=0.7)
+    engine = TorchEngine(model, temperature=0.7, seed=3)
+    out = await engine.generate([1, 2, 3], max_new_tokens=6)
+    calls = (CallRecord(0, (1, 2, 3), out.completion_ids, out.logprobs),)
+    from trainer.samples import build_samples
+    sample, = build_samples(calls).samples
+    logp, _ = Policy(model, config).logprobs([sample])
+    assert logp.tolist() == pytest.approx(list(out.logprobs), abs=1e-5)
+    assert pack([sample]).behaviour.tolist() == pytest.approx(list(out.logprobs))

@@ -1,0 +1,267 @@
+"""Sync and collocated-async scheduling of rollouts and policy updates over RolloutSource and Engine protocols."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from trainer.algorithms import broadcast_to_samples, compute_advantages
+from trainer.config import TrainerConfig
+from trainer.policy import Policy
+from trainer.samples import CallRecord, Decode, Sample, build_samples
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """Launch `size` attempts of one task; the source chooses the task (e.g. seeded by group_id)."""
+
+    group_id: int
+    size: int
+    policy_version: int
+    """Policy version at admission: staleness is counted from it."""
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A finished (or failed) rollout: its recorded calls in order and its reward."""
+
+    group_id: int
+    rollout_id: str
+    calls: tuple[CallRecord, ...]
+    reward: float
+    failed: bool = False
+    """A failed rollout keeps its reward in its group's baseline; its tokens get no loss weight."""
+    error: str = ""
+
+
+class RolloutSource(Protocol):
+    """Runs harnesses. Implemented by the web app (real harnesses behind the proxy) and by trainer.inprocess."""
+
+    async def launch(self, group: GroupRequest) -> None:
+        """Start the group's rollouts and return at once; they report through `next_finished`."""
+
+    async def next_finished(self) -> RolloutResult:
+        """Wait for the next rollout of any launched group to finish (failures included)."""
+
+    async def cancel(self, group_id: int) -> None:
+        """Stop the group's rollouts that are still running; they need not be reported."""
+
+
+class Engine(Protocol):
+    """The inference server that serves the policy. `busy_seconds` (optional) is its cumulative generate time."""
+
+    @property
+    def version(self) -> int:
+        """Policy version now served; the engine stamps it on every call it serves."""
+
+    async def pause(self) -> None:
+        """Hold new calls (they wait) and return once the calls in flight have drained."""
+
+    async def update_weights(self, model: nn.Module, version: int) -> None:
+        """Load the trainer's weights and serve them as `version` from the next call on."""
+
+    async def resume(self) -> None:
+        """Release held and new calls."""
+
+
+@dataclass(frozen=True)
+class TrainedSample:
+    rollout_id: str
+    sample: Sample
+    advantage: float
+    staleness: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one training step used and measured; the web app stores it (samples, drift, metrics)."""
+
+    step: int
+    policy_version: int
+    """Version the step's update produced (served from now on)."""
+    rollouts: tuple[RolloutResult, ...]
+    samples: tuple[TrainedSample, ...]
+    drift: dict[str, dict[int, str]]
+    """rollout_id -> call seq -> 'clean' | 'realign' | 'fork'."""
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Group:
+    request: GroupRequest
+    results: list[RolloutResult] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) >= self.request.size
+
+
+class Scheduler:
+    """One loop for both modes: sync is async with staleness 0 and exactly one step of groups in flight."""
+
+    def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, decode: Decode | None = None,
+                 on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
+                 checkpoint_dir: str | Path | None = None):
+        self.policy, self.engine, self.source = policy, engine, source
+        self.config: TrainerConfig = policy.config
+        self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
+        self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
+        self.next_group_id = 0
+        self.reports: list[StepReport] = []
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    async def run(self) -> list[StepReport]:
+        """Train until `config.steps` steps are done (resuming from the policy's step), then cancel the rest."""
+        clock = _Clock(self.engine)
+        try:
+            while self.policy.step < self.config.steps:
+                await self._admit()
+                batch = self._ready_batch()
+                if batch is not None:
+                    await self._train(batch, clock)
+                    continue
+                result = await self.source.next_finished()
+                if result.group_id in self.groups:
+                    self.groups[result.group_id].results.append(result)
+        finally:
+            for group_id in list(self.groups):
+                await self.source.cancel(group_id)
+        return self.reports
+
+    # ---- admission and batching ------------------------------------------------------------------------
+
+    async def _admit(self) -> None:
+        """Launch groups while the in-flight cap, the staleness bound and the remaining steps allow."""
+        c = self.config
+        # A group admitted now must be trained within max_staleness steps (it is forced into a batch then);
+        # more than (max_staleness + 1) steps of groups in flight would make some step exceed the bound or
+        # train more than tasks_per_step groups.
+        bound = (c.effective_max_staleness + 1) * c.tasks_per_step
+        needed = (c.steps - self.policy.step) * c.tasks_per_step
+        while len(self.groups) < min(c.effective_groups_in_flight, bound, needed):
+            request = GroupRequest(self.next_group_id, c.group_size, self.version)
+            self.next_group_id += 1
+            self.groups[request.group_id] = _Group(request)
+            await self.source.launch(request)
+
+    def _ready_batch(self) -> list[_Group] | None:
+        """Groups to train now: every overdue group (at the staleness bound) plus the oldest complete ones."""
+        s, b = self.config.effective_max_staleness, self.config.tasks_per_step
+        overdue = [g for g in self.groups.values() if self.version - g.request.policy_version >= s]
+        if not all(g.complete for g in overdue):
+            return None
+        rest = [g for g in self.groups.values() if g.complete and g not in overdue]
+        batch = overdue + rest[: max(0, b - len(overdue))]
+        return batch if len(batch) >= b else None
+
+    # ---- one training step -----------------------------------------------------------------------------
+
+    async def _train(self, batch: list[_Group], clock: _Clock) -> None:
+        for g in batch:
+            del self.groups[g.request.group_id]
+        rollouts = [r for g in batch for r in g.results]
+        trained, drift, rollout_index = self._samples(batch)
+        samples = [t.sample for t in trained]
+        sync_start = time.perf_counter()
+        await self.engine.pause()
+        train_start = time.perf_counter()
+        metrics = await asyncio.to_thread(self.policy.train_step, samples, [t.advantage for t in trained],
+                                          rollout_index)
+        train_end = time.perf_counter()
+        await self.engine.update_weights(self.policy.model, self.policy.version)
+        await self.engine.resume()
+        sync_seconds = time.perf_counter() - train_end + (train_start - sync_start)
+        metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold))
+        metrics.update(clock.split(train_end - train_start, sync_seconds))
+        report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
+        self.reports.append(report)
+        self._maybe_checkpoint()
+        if self.on_step is not None:
+            maybe = self.on_step(report)
+            if asyncio.iscoroutine(maybe):
+                await maybe
+
+    def _samples(self, batch: list[_Group]) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int]]:
+        """Samples of every successful rollout with its group advantage; failed ones only shape the baseline."""
+        rollouts = [r for g in batch for r in g.results]
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
+        groups = torch.tensor([r.group_id for r in rollouts])
+        advantages, _ = compute_advantages(self.config.advantage, rewards, groups, self.config.adv_eps)
+        trained, drift, owners = [], {}, []
+        for i, r in enumerate(rollouts):
+            built = build_samples(r.calls, self.decode)
+            drift[r.rollout_id] = built.drift
+            if r.failed:
+                continue
+            for sample in built.samples:
+                trained.append((r.rollout_id, sample))
+                owners.append(i)
+        sample_adv = broadcast_to_samples(advantages, torch.tensor(owners, dtype=torch.long)).tolist()
+        out = [TrainedSample(rid, s, a, self.version - s.min_version) for (rid, s), a in zip(trained, sample_adv)]
+        return out, drift, owners
+
+    def _maybe_checkpoint(self) -> None:
+        every, step = self.config.checkpoint_every, self.policy.step
+        if self.checkpoint_dir is None or not (step == self.config.steps or (every and step % every == 0)):
+            return
+        self.policy.save_checkpoint(Path(self.checkpoint_dir) / f"step-{step:06d}")
+
+
+class _Clock:
+    """Splits wall time since the previous step into generate / train / sync / idle."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.last = time.perf_counter()
+        self.last_busy = self._engine_busy()
+
+    def _engine_busy(self) -> float:
+        return float(getattr(self.engine, "busy_seconds", 0.0))
+
+    def split(self, train: float, sync: float) -> dict[str, float]:
+        now, busy = time.perf_counter(), self._engine_busy()
+        wall, generate = now - self.last, busy - self.last_busy
+        self.last, self.last_busy = now, busy
+        idle = max(0.0, wall - generate - train - sync)
+        return {"time/step": wall, "time/generate": generate, "time/train": train, "time/sync": sync,
+                "time/idle": idle, "time/busy_frac": 1 - idle / wall if wall > 0 else 0.0}
+
+
+def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample],
+                    drift: dict[str, dict[int, str]], pass_threshold: float) -> dict[str, float]:
+    """Reward, pass rate, lengths, staleness and drift rates of one step."""
+    rewards = [r.reward for r in rollouts]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+    later = [kind for calls in drift.values() for seq, kind in sorted(calls.items())[1:]]  # first call: nothing to drift from
+    staleness = [t.staleness for t in trained] or [0]
+    completion = [sum(len(c.completion_ids) for c in r.calls) for r in rollouts]
+    metrics = {
+        "reward/mean": mean, "reward/std": std,
+        "reward/pass_rate": sum(x >= pass_threshold for x in rewards) / len(rewards),
+        "rollout/failed_frac": sum(r.failed for r in rollouts) / len(rollouts),
+        "rollout/calls_mean": sum(len(r.calls) for r in rollouts) / len(rollouts),
+        "length/completion_tokens_mean": sum(completion) / len(completion),
+        "length/sample_tokens_mean": (sum(len(t.sample.token_ids) for t in trained) / len(trained)) if trained else 0.0,
+        "staleness/mean": sum(staleness) / len(staleness), "staleness/max": max(staleness),
+    }
+    for kind in ("clean", "realign", "fork"):
+        metrics[f"drift/{kind}_rate"] = (later.count(kind) / len(later)) if later else 0.0
+    return metrics
+
+
+async def run(policy: Policy, engine: Engine, source: RolloutSource, **kwargs) -> list[StepReport]:
+    """Entry point: train `policy.config.steps` steps in the configured mode; returns one report per step."""
+    return await Scheduler(policy, engine, source, **kwargs).run()
