@@ -14,6 +14,7 @@ class Gate:
         self.wait_s = wait_s  # how long a new call waits while paused before its 429
         self.retry_after_s = retry_after_s
         self.in_flight = 0
+        self.waiting = 0  # calls held at the gate right now
         self._open = asyncio.Event()
         self._open.set()
         self._drained = asyncio.Event()
@@ -26,6 +27,7 @@ class Gate:
     async def enter(self) -> None:
         """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused."""
         if not self._open.is_set():
+            self.waiting += 1
             try:
                 await asyncio.wait_for(self._open.wait(), self.wait_s)
             except TimeoutError:
@@ -35,6 +37,8 @@ class Gate:
                     "engine_paused",
                     {"retry-after": str(max(1, math.ceil(self.retry_after_s)))},
                 ) from None
+            finally:
+                self.waiting -= 1
         self.in_flight += 1
         self._drained.clear()
 

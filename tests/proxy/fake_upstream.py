@@ -73,6 +73,7 @@ class FakeVLLM:
         self.faults: deque[Fault] = deque()
         self.requests: list[dict] = []
         self.calls = 0
+        self.answered = 0  # calls past their latency (the "engine" has answered)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -137,6 +138,7 @@ class FakeVLLM:
         text = decode(encode(raw)) if not calls else (reply.text or None)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        self.answered += 1
         if body.get("stream"):
             return StreamingResponse(self._chat_stream(body, prompt_ids, text, calls, ids, finish, matched, fault),
                                      media_type="text/event-stream")
