@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import httpx
@@ -13,6 +14,7 @@ from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
 from tests.proxy.fake_upstream import FakeVLLM
 
 SERVED = "served-model"
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch its cost map
 
 
 class LiveServer:
