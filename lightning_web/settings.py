@@ -1,6 +1,8 @@
 """Django settings: the only place that reads the environment (through lightning_web.env)."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import dj_database_url
@@ -73,6 +75,9 @@ if _database_url is None:
             # Web, worker and proxy recorder write concurrently: wait on the lock instead of failing.
             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE",
                         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+            # A file, not shared-cache memory: threads in tests (worker, websockets) then wait on locks
+            # like the real processes do instead of failing with "table is locked".
+            "TEST": {"NAME": str(Path(tempfile.gettempdir()) / f"lightning-test-{os.getpid()}.sqlite3")},
         }
     }
 else:

@@ -1,0 +1,111 @@
+"""The README's first command on a fresh data dir: embedded SQLite and Redis, web + worker, a first user."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def fresh_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    env.update(LIGHTNING_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    yield env
+    pidfile = tmp_path / "data" / "redis" / "redis.pid"  # the embedded Redis this test started
+    if pidfile.exists():
+        try:
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def read_until(proc, pattern, timeout=120):
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        lines.append(line)
+        if re.search(pattern, line):
+            return "".join(lines)
+    raise AssertionError(f"{pattern!r} not seen; output:\n{''.join(lines)}")
+
+
+def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(port)], cwd=ROOT, env=fresh_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = read_until(proc, r"lightning-web is running at")
+        password = re.search(r"Log in as: admin / (\S+)", output).group(1)
+        token = re.search(r"API token of admin: (\w+)", output).group(1)
+        assert f"http://127.0.0.1:{port}/" in output and "Demo ready" in output
+        assert (tmp_path / "data" / "db.sqlite3").exists() and (tmp_path / "data" / "redis" / "port").exists()
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=30) as http:
+            login = http.get("/accounts/login/")
+            assert login.status_code == 200 and 'name="username"' in login.text
+            docs = http.get("/api/docs/")
+            assert docs.status_code == 200 and "swagger-ui-bundle.js" in docs.text
+            bundle = re.search(r'src="([^"]*swagger-ui-bundle\.js)"', docs.text).group(1)
+            assert http.get(bundle).status_code == 200  # offline: served by us
+            # session login with the printed password
+            csrf = http.cookies["csrftoken"]
+            page = http.post("/accounts/login/", data={"username": "admin", "password": password,
+                                                       "csrfmiddlewaretoken": csrf}, follow_redirects=True)
+            assert page.status_code == 200 and str(page.url) == f"{base}/"
+            assert "<h1>Runs</h1>" in page.text and '<span class="who">admin</span>' in page.text
+            api = {"Authorization": f"Token {token}"}
+            demo = http.get("/api/v1/datasets/", headers=api).json()["results"]
+            assert [d["name"] for d in demo] == ["arith-word-problems"] and demo[0]["train_count"] == 400
+            harness = http.post("/api/v1/harnesses/", headers=api, json={"name": "echo", "command": ["echo", "{task_file}"]})
+            assert harness.status_code == 201, harness.text
+            dataset = http.post("/api/v1/datasets/", headers=api, data={"name": "two", "val_ratio": "0"},
+                                files={"file": ("t.jsonl", b'{"q": 1}\n{"q": 2}\n')})
+            assert dataset.status_code == 201 and dataset.json()["train_count"] == 2
+            reward = http.get("/api/v1/reward-scripts/", headers=api).json()["results"][0]
+            run = http.post("/api/v1/runs/", headers=api, json={
+                "name": "smoke", "model": "tiny", "config": {"steps": 1}, "harness": harness.json()["id"],
+                "dataset": dataset.json()["id"], "reward_script": reward["id"]})
+            assert run.status_code == 201 and run.json()["status"] == "queued"
+            deadline, status = time.monotonic() + 60, "queued"
+            while time.monotonic() < deadline and status in ("queued", "starting"):
+                time.sleep(0.5)
+                status = http.get(f"/api/v1/runs/{run.json()['id']}/", headers=api).json()["status"]
+            assert status == "failed"  # claimed by the worker through the embedded Redis
+            events = http.get(f"/api/v1/runs/{run.json()['id']}/events/", headers=api).json()["results"]
+            assert [e["payload"]["status"] for e in events] == ["queued", "starting", "failed"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    leftover = subprocess.run(["pgrep", "-f", f"-p {port} lightning_web.asgi"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_up_again_keeps_the_first_user_and_secret(fresh_env, tmp_path):
+    port = free_port()
+    command = [sys.executable, "manage.py", "up", "--port", str(port), "--exit-when-ready", "--no-worker"]
+    first = subprocess.run(command, cwd=ROOT, env=fresh_env, capture_output=True, text=True, timeout=180)
+    second = subprocess.run(command, cwd=ROOT, env=fresh_env, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0 and second.returncode == 0, first.stdout + first.stderr + second.stderr
+    login = lambda out: re.search(r"Log in as: (admin / \S+)", out).group(1)  # noqa: E731
+    assert login(first.stdout) == login(second.stdout)
+    assert (tmp_path / "data" / "secret_key").stat().st_mode & 0o777 == 0o600

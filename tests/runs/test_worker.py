@@ -1,0 +1,62 @@
+"""A real Celery worker on the real Redis broker claims queued runs from the `runs` queue."""
+import time
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from lightning_web.celery import app
+from runs import services
+from runs.models import Run
+from runs.tasks import NOT_YET, execute_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+
+def wait_for(run_id, statuses, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.get(pk=run_id)
+        if run.status in statuses:
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} stayed {run.status}")
+
+
+@pytest.fixture
+def worker(test_redis):
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=["runs"],
+                      loglevel="WARNING"):
+        yield
+
+
+def test_a_queued_run_is_claimed_and_ends_with_a_clear_message(alice, make_run, test_redis, worker):
+    run = make_run(alice)  # transactional: the on_commit enqueue really sends the message
+    run = wait_for(run.pk, {"failed"})
+    assert run.error == NOT_YET and run.celery_task_id and run.finished_at
+    assert list(run.events.values_list("payload__status", flat=True)) == ["queued", "starting", "failed"]
+    assert test_redis.llen("runs") == 0
+
+
+def test_a_run_cancelled_while_queued_is_not_started(alice, make_run, test_redis):
+    run = make_run(alice)
+    services.cancel_run(run, alice)
+    assert test_redis.llen("runs") == 1
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False, queues=["runs"], loglevel="WARNING"):
+        deadline = time.monotonic() + 20
+        while test_redis.llen("runs") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+    run.refresh_from_db()
+    assert run.status == "cancelled" and list(run.events.values_list("payload__status", flat=True)) == [
+        "queued", "cancelled"]
+
+
+def test_the_task_does_nothing_for_a_run_already_claimed(alice, make_run):
+    run = make_run(alice)
+    services.claim_run(run.pk, "someone-else")
+    assert execute_run.apply(args=[run.pk]).get() == "starting"
+    assert Run.objects.get(pk=run.pk).celery_task_id == "someone-else"
+
+
+def test_a_missing_run_is_ignored():
+    assert execute_run.apply(args=[999999]).get() == "missing"
