@@ -7,14 +7,17 @@ import secrets
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from runs import events
 from runs.datasets import UploadOptions, parse_tasks
-from runs.models import Dataset, Harness, Metric, RewardScript, Rollout, Run, RunEvent, RunStatus, Task
+from runs.models import (Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run, RunEvent,
+                         RunStatus, Task)
 from runs.sandbox import Limits, ScoreResult, score
+from proxy.auth import hash_secret
 from trainer.config import ConfigError, TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.CANCELLED: frozenset(),
 }
 FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
 
 
 class ServiceError(Exception):
@@ -281,10 +285,6 @@ def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
 # ---------------------------------------------------------------- rollouts
 
 
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int) -> tuple[Rollout, str]:
     """A new rollout and its API key; only the key's hash is stored, the key is returned once."""
     secret = secrets.token_urlsafe(32)
@@ -295,3 +295,69 @@ def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group:
 
 def verify_rollout_secret(rollout: Rollout, secret: str) -> bool:
     return bool(rollout.secret_hash) and secrets.compare_digest(rollout.secret_hash, hash_secret(secret or ""))
+
+
+def record_calls(calls) -> int:
+    """Store proxy RecordedCalls as ModelCall rows in one transaction; returns how many were new.
+
+    Idempotent on (rollout, seq), so the proxy may retry a batch. One `call.recorded` event per rollout.
+    """
+    rollout_runs = dict(Rollout.objects.filter(pk__in={int(c.rollout_id) for c in calls}).values_list("pk", "run_id"))
+    rows = [_call_row(c) for c in calls if int(c.rollout_id) in rollout_runs]
+    for call in calls:
+        if int(call.rollout_id) not in rollout_runs:
+            logger.error("rollout %s seq %s: rollout no longer exists; call dropped", call.rollout_id, call.seq)
+    try:
+        return _store_calls(rows, rollout_runs)
+    except DataError:
+        # PostgreSQL refuses NUL characters in JSON text; model output may hold them. Store a safe copy.
+        logger.warning("a batch of %d calls held text PostgreSQL refuses; storing it with NULs replaced", len(rows))
+        for row in rows:
+            row.request, row.response = _strip_nul(row.request), _strip_nul(row.response)
+        return _store_calls(rows, rollout_runs)
+
+
+def _call_row(call) -> ModelCall:
+    return ModelCall(
+        rollout_id=int(call.rollout_id), seq=call.seq, api=call.api, stream=call.stream, request=call.request,
+        response=call.response, prompt_ids=list(call.prompt_ids), completion_ids=list(call.completion_ids),
+        logprobs=list(call.logprobs), finish_reason=call.finish_reason or "", status_code=call.status_code,
+        latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "")
+
+
+def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> int:
+    with transaction.atomic():
+        before = ModelCall.objects.filter(rollout_id__in={r.rollout_id for r in rows}).count()
+        ModelCall.objects.bulk_create(rows, ignore_conflicts=True)
+        stored = ModelCall.objects.filter(rollout_id__in={r.rollout_id for r in rows}).count() - before
+        by_rollout: dict[int, list[ModelCall]] = {}
+        for row in rows:
+            by_rollout.setdefault(row.rollout_id, []).append(row)
+        for rollout_id, group in sorted(by_rollout.items()):
+            next_seq = max(r.seq for r in group) + 1
+            Rollout.objects.filter(pk=rollout_id).update(call_count=Greatest(F("call_count"), next_seq))
+            emit_event(rollout_runs[rollout_id], events.CALL_RECORDED, {
+                "rollout": rollout_id,
+                "calls": [{"seq": r.seq, "api": r.api, "status": r.status_code, "latency_ms": round(r.latency_ms, 1),
+                           "completion_tokens": len(r.completion_ids)} for r in sorted(group, key=lambda r: r.seq)],
+            })
+    return stored
+
+
+def _strip_nul(value):
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_strip_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
+    return value
+
+
+def report_harness_reward(rollout_id: int, reward: float, detail: dict) -> None:
+    """A reward the harness reported itself (POST .../v1/reward); kept beside the reward script's."""
+    with transaction.atomic():
+        rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
+        rollout.reward_detail = {**rollout.reward_detail, "harness": {"reward": float(reward), "detail": detail}}
+        rollout.save(update_fields=["reward_detail"])
+        emit_event(rollout.run_id, events.ROLLOUT_STATUS, {"rollout": rollout_id, "harness_reward": float(reward)})

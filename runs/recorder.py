@@ -1,0 +1,82 @@
+"""The proxy's Django side: a batching Recorder of ModelCall rows and a RolloutDirectory over Rollout rows."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from asgiref.sync import sync_to_async
+
+from proxy.types import CachedDirectory, RecordedCall, RolloutInfo
+from runs import services
+from runs.models import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+class DjangoRecorder:
+    """Writes calls in batches (one transaction each); `record` returns once its call is committed.
+
+    Waiting for the commit lets the proxy's retry queue see a failed write, so no call is dropped silently;
+    batching keeps the database load flat when many harnesses call at once.
+    """
+
+    def __init__(self, batch_size: int = 64, max_delay_s: float = 0.02) -> None:
+        self.batch_size = batch_size
+        self.max_delay_s = max_delay_s
+        self._pending: list[tuple[RecordedCall, asyncio.Future]] = []
+        self._full = asyncio.Event()
+        self._writer: asyncio.Task | None = None
+
+    async def record(self, call: RecordedCall) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append((call, done))
+        if len(self._pending) >= self.batch_size:
+            self._full.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_batches())
+        await done
+
+    async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None:
+        await sync_to_async(services.report_harness_reward)(int(rollout_id), reward, detail)
+
+    async def _write_batches(self) -> None:
+        while self._pending:
+            try:
+                await asyncio.wait_for(self._full.wait(), timeout=self.max_delay_s)
+            except asyncio.TimeoutError:
+                pass
+            self._full.clear()
+            batch, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size:]
+            try:
+                await sync_to_async(services.record_calls)([call for call, _ in batch])
+            except Exception as exc:
+                logger.warning("batch of %d calls not written: %r", len(batch), exc)
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
+
+class DjangoDirectory:
+    """Looks rollouts up in the database: secret hash, finished state, next call seq."""
+
+    async def get(self, rollout_id: str) -> RolloutInfo | None:
+        if not rollout_id.isdigit():
+            return None
+        return await sync_to_async(_rollout_info)(int(rollout_id))
+
+
+def _rollout_info(rollout_id: int) -> RolloutInfo | None:
+    row = (Rollout.objects.filter(pk=rollout_id)
+           .values("secret_hash", "status", "call_count", "run__status").first())
+    if row is None:
+        return None
+    finished = row["status"] in services.ROLLOUT_FINISHED or row["run__status"] in services.FINISHED
+    return RolloutInfo(str(rollout_id), row["secret_hash"], finished, next_seq=row["call_count"])
+
+
+def cached_directory(ttl_s: float = 1.0) -> CachedDirectory:
+    return CachedDirectory(DjangoDirectory(), ttl_s=ttl_s)
