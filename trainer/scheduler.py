@@ -174,17 +174,18 @@ class Scheduler:
         rollouts = [r for g in batch for r in g.results]
         trained, drift, rollout_index = self._samples(batch)
         samples = [t.sample for t in trained]
-        sync_start = time.perf_counter()
-        await self.engine.pause()
+        drain_start = time.perf_counter()
+        await self.engine.pause()  # drained calls are generation: the engine's busy time counts them
         train_start = time.perf_counter()
         metrics = await asyncio.to_thread(self.policy.train_step, samples, [t.advantage for t in trained],
                                           rollout_index)
         train_end = time.perf_counter()
         await self.engine.update_weights(self.policy.model, self.policy.version)
         await self.engine.resume()
-        sync_seconds = time.perf_counter() - train_end + (train_start - sync_start)
+        sync_seconds = time.perf_counter() - train_end
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold))
         metrics.update(clock.split(train_end - train_start, sync_seconds))
+        metrics["time/drain"] = train_start - drain_start
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
         self.reports.append(report)
         self._maybe_checkpoint()
@@ -220,7 +221,10 @@ class Scheduler:
 
 
 class _Clock:
-    """Splits wall time since the previous step into generate / train / sync / idle."""
+    """Splits wall time since the previous step into generate / train / sync (weight update) / idle.
+
+    Generate time is the engine's own `busy_seconds`; an engine without it leaves generation inside idle.
+    """
 
     def __init__(self, engine: Engine):
         self.engine = engine

@@ -177,3 +177,35 @@ async def test_torch_engine_logprobs_match_the_trainers():
     logp, _ = Policy(model, config).logprobs([sample])
     assert logp.tolist() == pytest.approx(list(out.logprobs), abs=1e-5)
     assert pack([sample]).behaviour.tolist() == pytest.approx(list(out.logprobs))
+
+
+async def test_torch_engine_batches_concurrent_calls_with_the_trainers_logprobs():
+    model = tiny_qwen2()
+    engine = TorchEngine(model, temperature=0.7, seed=5)
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    outs = await asyncio.gather(*(engine.generate(p, max_new_tokens=n, stop_ids=[9]) for p, n in
+                                  zip(prompts, [5, 3, 4])))
+    assert [len(o.completion_ids) <= n for o, n in zip(outs, [5, 3, 4])] == [True] * 3
+    assert all(o.finish_reason == ("stop" if o.completion_ids[-1] == 9 else "length") for o in outs)
+    from trainer.samples import build_samples
+    samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
+               for p, o in zip(prompts, outs)]
+    logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
+    assert logp.tolist() == pytest.approx([lp for o in outs for lp in o.logprobs], abs=1e-5)
+
+
+async def test_torch_engine_lets_a_late_call_join_a_running_batch():
+    model = tiny_qwen2()
+    engine = TorchEngine(model, temperature=0.7, seed=2)
+    early = asyncio.create_task(engine.generate([1, 2, 3, 4, 5, 6, 7], max_new_tokens=12))
+    while not engine._batch.rows:
+        await asyncio.sleep(0)
+    late = await engine.generate([8, 9], max_new_tokens=3)
+    assert not early.done()  # the late call joined and left while the early one kept decoding
+    first = await early
+    from trainer.samples import build_samples
+    samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
+               for p, o in (([1, 2, 3, 4, 5, 6, 7], first), ([8, 9], late))]
+    logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
+    assert logp.tolist() == pytest.approx(list(first.logprobs) + list(late.logprobs), abs=1e-5)
+    assert engine._batch.rows == [] and engine.busy_seconds > 0
