@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,9 @@ class Scheduler:
 
     async def run(self) -> list[StepReport]:
         """Train until `config.steps` steps are done (resuming from the policy's step), then cancel the rest."""
+        if self.policy.step == 0:  # a fresh run starts from the seed; a resumed one keeps the checkpoint's RNG
+            torch.manual_seed(self.config.seed)
+            random.seed(self.config.seed)
         clock = _Clock(self.engine)
         try:
             while self.policy.step < self.config.steps:
@@ -186,6 +190,8 @@ class Scheduler:
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold))
         metrics.update(clock.split(train_end - train_start, sync_seconds))
         metrics["time/drain"] = train_start - drain_start
+        generated = sum(len(c.completion_ids) for r in rollouts for c in r.calls)
+        metrics["rollout/generated_tokens_per_s"] = generated / max(metrics["time/step"], 1e-9)
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
         self.reports.append(report)
         self._maybe_checkpoint()

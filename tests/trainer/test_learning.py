@@ -1,4 +1,6 @@
 """An honest learning test: real sampling from the current policy, real rewards, real GRPO updates."""
+import logging
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from trainer.scheduler import run
 VOCAB = 32
 GOOD = frozenset(range(16, 24))  # a quarter of the vocabulary: a random policy scores about 0.25
 MAX_STEPS = 40
+logger = logging.getLogger(__name__)
 
 
 def reward(task, calls):
@@ -30,7 +33,7 @@ async def test_it_learns_a_trivial_reward_within_a_bounded_number_of_steps(mode)
     reports = await run(Policy(model, config), engine, source)
 
     curve = [r.metrics["reward/mean"] for r in reports]
-    print(f"{mode} reward curve: {[round(x, 3) for x in curve]}")
+    logger.info("%s reward curve: %s", mode, [round(x, 3) for x in curve])  # --log-cli-level=INFO shows it
     assert curve[0] < 0.45  # it starts near chance
     first = next((i for i, x in enumerate(curve) if x >= 0.9), None)
     assert first is not None and first < MAX_STEPS

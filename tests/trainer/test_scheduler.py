@@ -2,12 +2,11 @@
 import asyncio
 
 import pytest
-import torch
 
 from trainer.config import TrainerConfig
 from trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.policy import Policy, pack
-from trainer.samples import CallRecord
+from trainer.samples import CallRecord, build_samples
 from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
 
 
@@ -172,7 +171,6 @@ async def test_torch_engine_logprobs_match_the_trainers():
     engine = TorchEngine(model, temperature=0.7, seed=3)
     out = await engine.generate([1, 2, 3], max_new_tokens=6)
     calls = (CallRecord(0, (1, 2, 3), out.completion_ids, out.logprobs),)
-    from trainer.samples import build_samples
     sample, = build_samples(calls).samples
     logp, _ = Policy(model, config).logprobs([sample])
     assert logp.tolist() == pytest.approx(list(out.logprobs), abs=1e-5)
@@ -187,7 +185,6 @@ async def test_torch_engine_batches_concurrent_calls_with_the_trainers_logprobs(
                                   zip(prompts, [5, 3, 4])))
     assert [len(o.completion_ids) <= n for o, n in zip(outs, [5, 3, 4])] == [True] * 3
     assert all(o.finish_reason == ("stop" if o.completion_ids[-1] == 9 else "length") for o in outs)
-    from trainer.samples import build_samples
     samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
                for p, o in zip(prompts, outs)]
     logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
@@ -203,7 +200,6 @@ async def test_torch_engine_lets_a_late_call_join_a_running_batch():
     late = await engine.generate([8, 9], max_new_tokens=3)
     assert not early.done()  # the late call joined and left while the early one kept decoding
     first = await early
-    from trainer.samples import build_samples
     samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
                for p, o in (([1, 2, 3, 4, 5, 6, 7], first), ([8, 9], late))]
     logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
