@@ -115,13 +115,16 @@ def build_samples(calls: Iterable[CallRecord], decode: Decode | None = None) -> 
     builders: list[_Builder] = []
     drift: dict[int, str] = {}
     for call in sorted(calls, key=lambda c: c.seq):
+        if not call.prompt_ids and not call.completion_ids:  # failed before any token: nothing to build on
+            drift[call.seq] = FORK
+            continue
         kind, builder, context = _classify(call, builders, decode)
         if builder is None:
             builder = _Builder()
             builders.append(builder)
         builder.realigned |= kind == REALIGN
         builder.add_call(call, context)
-        drift[call.seq] = CLEAN if len(drift) == 0 else kind
+        drift[call.seq] = CLEAN if len(builders) == 1 and len(builder.call_seqs) == 1 else kind
     samples = tuple(b.freeze() for b in builders if any(b.mask))
     return BuildResult(samples, drift)
 

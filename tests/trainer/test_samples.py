@@ -140,12 +140,36 @@ def test_it_splices_sampled_ids_back_when_the_next_prompt_spells_the_same_text()
 
 
 def test_it_forks_when_the_text_differs_and_drops_calls_without_completion():
-    calls = [call(0, [25], [0, 1]), call(1, [25, 2, 3], []), call(2, [24], [5])]
+    calls = [call(0, [], []), call(1, [25], [0, 1]), call(2, [25, 2, 3], []), call(3, [24], [5])]
     result = build_samples(calls, decode=decode)
-    assert result.drift == {0: "clean", 1: "fork", 2: "fork"}
+    assert result.drift == {0: "fork", 1: "clean", 2: "fork", 3: "fork"}
     assert [s.token_ids for s in result.samples] == [(25, 0, 1), (24, 5)]
 
 
 def test_it_rejects_logprobs_that_do_not_match_the_completion():
     with pytest.raises(ValueError, match="1 logprobs for 2 completion ids"):
         CallRecord(0, (1,), (2, 3), (-0.5,))
+
+
+def test_it_realigns_a_chat_template_rerender_with_the_real_tiny_tokenizer():
+    from trainer.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    render = lambda msgs: list(tok.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"])  # noqa: E731
+    first = [{"role": "user", "content": "What is 12 times 34?"}]
+    # The engine sampled a non-canonical split (one id per character); the template re-encodes it canonically.
+    sampled = [i for ch in "CALC: 12*34" for i in tok.encode(ch, add_special_tokens=False)] + [2]
+    second = first + [{"role": "assistant", "content": "CALC: 12*34"}, {"role": "user", "content": "RESULT: 408"}]
+    calls = [call(0, render(first), sampled), call(1, render(second), [9, 2])]
+    assert render(second)[:len(calls[0].prompt_ids) + len(sampled)] != list(calls[0].prompt_ids) + sampled
+
+    def text(ids):
+        return tok.decode(list(ids))
+
+    result = build_samples(calls, decode=text)
+    assert result.drift == {0: "clean", 1: "realign"}
+    sample, = result.samples
+    assert sample.token_ids[len(calls[0].prompt_ids):][:len(sampled)] == tuple(sampled)
+    assert text(sample.token_ids) == text(calls[1].prompt_ids) + text([9, 2])
+    assert sample.num_loss_tokens == len(sampled) + 2
+    assert [len(s.samples) for s in (build_samples(calls),)] == [2]  # no tokenizer: unproven, so a fork
