@@ -111,12 +111,15 @@ class Scheduler:
 
     def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, decode: Decode | None = None,
                  on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
-                 checkpoint_dir: str | Path | None = None):
+                 checkpoint_dir: str | Path | None = None, first_group_id: int = 0):
+        """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
+        checkpoints go to `checkpoint_dir`/step-NNNNNN; a resumed run passes a `first_group_id` past the ids it
+        already used."""
         self.policy, self.engine, self.source = policy, engine, source
         self.config: TrainerConfig = policy.config
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
-        self.next_group_id = 0
+        self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
 
     @property
@@ -176,7 +179,7 @@ class Scheduler:
         for g in batch:
             del self.groups[g.request.group_id]
         rollouts = [r for g in batch for r in g.results]
-        trained, drift, rollout_index = self._samples(batch)
+        trained, drift, rollout_index, advantage_metrics = self._samples(batch)
         samples = [t.sample for t in trained]
         drain_start = time.perf_counter()
         await self.engine.pause()  # drained calls are generation: the engine's busy time counts them
@@ -184,10 +187,13 @@ class Scheduler:
         metrics = await asyncio.to_thread(self.policy.train_step, samples, [t.advantage for t in trained],
                                           rollout_index)
         train_end = time.perf_counter()
-        await self.engine.update_weights(self.policy.model, self.policy.version)
-        await self.engine.resume()
+        try:
+            await self.engine.update_weights(self.policy.model, self.policy.version)
+        finally:  # never leave harnesses' calls held by a paused engine, even when the update failed
+            await self.engine.resume()
         sync_seconds = time.perf_counter() - train_end
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold))
+        metrics.update(advantage_metrics)
         metrics.update(clock.split(train_end - train_start, sync_seconds))
         metrics["time/drain"] = train_start - drain_start
         generated = sum(len(c.completion_ids) for r in rollouts for c in r.calls)
@@ -200,12 +206,13 @@ class Scheduler:
             if asyncio.iscoroutine(maybe):
                 await maybe
 
-    def _samples(self, batch: list[_Group]) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int]]:
+    def _samples(self, batch: list[_Group]
+                 ) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int], dict[str, float]]:
         """Samples of every successful rollout with its group advantage; failed ones only shape the baseline."""
         rollouts = [r for g in batch for r in g.results]
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
         groups = torch.tensor([r.group_id for r in rollouts])
-        advantages, _ = compute_advantages(self.config.advantage, rewards, groups, self.config.adv_eps)
+        advantages, metrics = compute_advantages(self.config.advantage, rewards, groups, self.config.adv_eps)
         trained, drift, owners = [], {}, []
         for i, r in enumerate(rollouts):
             built = build_samples(r.calls, self.decode)
@@ -217,7 +224,7 @@ class Scheduler:
                 owners.append(i)
         sample_adv = broadcast_to_samples(advantages, torch.tensor(owners, dtype=torch.long)).tolist()
         out = [TrainedSample(rid, s, a, self.version - s.min_version) for (rid, s), a in zip(trained, sample_adv)]
-        return out, drift, owners
+        return out, drift, owners, metrics
 
     def _maybe_checkpoint(self) -> None:
         every, step = self.config.checkpoint_every, self.policy.step

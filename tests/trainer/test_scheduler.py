@@ -80,6 +80,18 @@ async def test_it_runs_sync_steps_generate_then_train_then_sync():
     m = reports[0].metrics
     assert (m["reward/mean"], m["reward/std"], m["reward/pass_rate"]) == (0.5, 0.5, 0.5)
     assert [s.advantage for s in reports[0].samples] == pytest.approx([-0.70710, 0.70710] * 2, abs=1e-4)
+    assert m["advantage/zero_frac"] == 0.0
+
+
+async def test_it_resumes_the_engine_when_a_weight_update_fails():
+    class FailingEngine(SpyEngine):
+        async def update_weights(self, model, version):
+            raise RuntimeError("no weight sync on an external engine")
+
+    engine = FailingEngine()
+    with pytest.raises(RuntimeError, match="no weight sync"):
+        await run(policy(steps=1), engine, TickSource(engine))
+    assert engine.events == ["pause", "resume"]
 
 
 async def test_it_keeps_groups_in_flight_and_forces_a_slow_group_at_the_staleness_bound():
@@ -146,8 +158,10 @@ async def test_it_checkpoints_and_resumes_at_the_saved_step(tmp_path):
     resumed.load_checkpoint(tmp_path / "step-000002")
     engine = SpyEngine()
     engine.version = resumed.version
-    reports = await run(resumed, engine, TickSource(engine))
+    source = TickSource(engine)
+    reports = await run(resumed, engine, source, first_group_id=40)
     assert [r.step for r in reports] == [3]
+    assert [g.group_id for g in source.launched] == [40, 41]
     assert engine.events == ["pause", "update:3", "resume"]
 
 
