@@ -109,3 +109,15 @@ def test_it_resumes_exactly_from_a_checkpoint(tmp_path, random_samples, kl_coef)
     assert read_checkpoint_config(tmp_path / "ckpt") == config
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["model_type"] == "qwen2"
     assert (tmp_path / "ckpt" / "model.safetensors").exists()
+
+
+def test_it_trains_under_bfloat16_autocast_close_to_float32(random_samples):
+    logps = []
+    for dtype in ("float32", "bfloat16"):
+        policy = Policy(tiny_qwen2(), TrainerConfig(dtype=dtype, learning_rate=1e-3))
+        logps.append(policy.logprobs(random_samples)[0])
+        metrics = policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
+        assert metrics["train/loss_tokens"] == sum(s.num_loss_tokens for s in random_samples)
+        assert next(policy.model.parameters()).dtype == torch.float32  # master weights stay float32
+    assert (logps[0] - logps[1]).abs().max().item() < 0.1
+    assert (logps[0] - logps[1]).abs().max().item() > 0  # autocast really ran in bfloat16
