@@ -136,13 +136,17 @@ class UpstreamConfig:
     pool_timeout_s: float = 30.0
     """Seconds to wait for a free connection from the pool."""
     max_connections: int = 512
-    """Connection pool size to the engine."""
+    """Connections to the engine at most, over all pool shards."""
+    pool_shards: int = 16
+    """Connection pools side by side (httpcore's per-request cost grows with the size of one pool)."""
     stream: bool = True
     """Stream from the engine when the harness streams; False asks for whole answers and re-streams them."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"UpstreamConfig.base_url must be an http(s) URL, got {self.base_url!r}")
+        if self.pool_shards < 1 or self.max_connections < self.pool_shards:
+            raise ValueError("UpstreamConfig needs pool_shards >= 1 and max_connections >= pool_shards")
         if min(self.connect_timeout_s, self.read_timeout_s, self.write_timeout_s, self.pool_timeout_s) <= 0:
             raise ValueError("UpstreamConfig timeouts must be positive seconds")
 
