@@ -141,7 +141,12 @@ class Policy:
         """Per-sample logprobs before any update; with one update per step the live ones are equal, so skip."""
         if self.config.updates_per_step == 1:
             return None
-        return [self.logprobs([s])[0] for s in samples]
+        out: list[Tensor] = []
+        for indices in micro_batches(samples, self.config.micro_batch_tokens):
+            chunk = [samples[i] for i in indices]
+            logp, _ = self.logprobs(chunk)  # (M,) in sample order
+            out.extend(logp.split([sum(s.loss_mask[1:]) for s in chunk]))
+        return out
 
     def _update(self, samples: list[Sample], adv: Tensor, rollout: Tensor, norm: int,
                 old: list[Tensor] | None) -> Metrics:

@@ -121,3 +121,16 @@ def test_it_trains_under_bfloat16_autocast_close_to_float32(random_samples):
         assert next(policy.model.parameters()).dtype == torch.float32  # master weights stay float32
     assert (logps[0] - logps[1]).abs().max().item() < 0.1
     assert (logps[0] - logps[1]).abs().max().item() > 0  # autocast really ran in bfloat16
+
+
+def test_it_clips_the_second_mini_batch_against_the_logprobs_before_the_step(random_samples):
+    config = TrainerConfig(updates_per_step=2, learning_rate=0.05, micro_batch_tokens=16, clip_low=0.01,
+                           clip_high=0.01)
+    policy = Policy(tiny_qwen2(), config)
+    old = policy._old_logprobs(random_samples)
+    assert torch.cat(old).tolist() == pytest.approx(policy.logprobs(random_samples)[0].tolist(), abs=1e-6)
+    assert [len(t) for t in old] == [s.num_loss_tokens for s in random_samples]
+    metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
+    # The first mini-batch is on-policy (ratio 1); after a large step the second one's ratios move and clip.
+    assert 0 < metrics["actor/clip_frac"] < 1
+    assert metrics["actor/ratio_mean"] != pytest.approx(1.0, abs=1e-4)
