@@ -134,7 +134,8 @@ class RewardScript(Owned):
 
 class Run(Owned):
     name = models.CharField(max_length=200)
-    model = models.CharField(max_length=500, help_text="Model folder or name served by the engine")
+    model = models.CharField(max_length=500, help_text="Registry name, model folder, or external engine URL")
+    model_info = models.JSONField(default=dict, help_text="The model as resolved at creation: path, origin, size")
     config = models.JSONField(default=dict, help_text="TrainerConfig.to_dict()")
     harness = models.ForeignKey(Harness, null=True, on_delete=models.SET_NULL, related_name="runs")
     dataset = models.ForeignKey(Dataset, null=True, on_delete=models.SET_NULL, related_name="runs")

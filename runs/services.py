@@ -16,6 +16,7 @@ from runs import events
 from runs.datasets import UploadOptions, parse_tasks
 from runs.models import (Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run, RunEvent,
                          RunStatus, Task)
+from runs.registry import UnknownModel, resolve_model
 from runs.sandbox import Limits, ScoreResult, score
 from proxy.auth import hash_secret
 from trainer.config import ConfigError, TrainerConfig
@@ -187,11 +188,16 @@ def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, h
         full_config = validate_run_config(config)
     except ConfigError as exc:
         raise ServiceError(f"config: {exc}") from exc
+    try:
+        model_info = resolve_model(model)
+    except UnknownModel as exc:
+        raise ServiceError(str(exc)) from exc
     if dataset.train_count == 0:
         raise ServiceError(f"dataset '{dataset.name}' has no train tasks; upload tasks with split 'train'")
     with transaction.atomic():
         run = Run.objects.create(
-            owner=owner, name=name, model=model, config=full_config, harness=harness, dataset=dataset,
+            owner=owner, name=name, model=model, model_info=model_info, config=full_config, harness=harness,
+            dataset=dataset,
             reward_script=reward_script, cloned_from=cloned_from,
             harness_snapshot=_snapshot(harness, HARNESS_FIELDS + ("version",)),
             dataset_snapshot=_snapshot(dataset, ("name", "version", "content_sha256", "train_count", "val_count")),

@@ -5,5 +5,6 @@ from runs import views
 
 urlpatterns = [
     path("", views.runs_list, name="runs-list"),
+    path("runs/new/", views.new_run, name="run-new"),
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
 ]

@@ -21,6 +21,18 @@ def reward(task, outcome):
 '''
 
 
+@pytest.fixture(autouse=True)
+def models_dir(tmp_path_factory, settings):
+    """A models registry holding one folder named `tiny` (config and marker only: nothing loads it here)."""
+    root = tmp_path_factory.getbasetemp() / "registry"
+    if not (root / "tiny" / "config.json").exists():
+        (root / "tiny").mkdir(parents=True, exist_ok=True)
+        (root / "tiny" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+        (root / "tiny" / "lightning_model.json").write_text(json.dumps({"name": "tiny", "origin": "tiny", "params": 1}))
+    settings.LIGHTNING_MODELS_DIR = root
+    return root
+
+
 @pytest.fixture
 def test_redis():
     """A client on the tests' Redis database, emptied before and after."""

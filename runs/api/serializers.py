@@ -36,6 +36,15 @@ class UniqueNameMixin:
         return value
 
 
+class ModelInfoSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    path = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    origin = serializers.CharField(help_text="tiny | smollm2-gguf | checkpoint | unknown ...")
+    params = serializers.IntegerField(allow_null=True)
+    created = serializers.CharField(allow_null=True)
+
+
 class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
     class Meta:
         model = Harness
@@ -161,7 +170,7 @@ class TaskSerializer(serializers.ModelSerializer):
 class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
-        fields = ["id", "name", "model", "config", "harness", "dataset", "reward_script", "harness_snapshot",
+        fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
                   "checkpoint_path", "celery_task_id", "created_at", "started_at", "finished_at"]
         read_only_fields = fields

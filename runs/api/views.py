@@ -11,7 +11,7 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from runs import selectors, services
+from runs import registry, selectors, services
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
 from runs.models import Dataset, Harness, RewardScript, Rollout, Run, Task
@@ -181,6 +181,14 @@ def _int_param(request, name: str) -> int | None:
         return int(value)
     except ValueError:
         raise serializers.ValidationError({name: [f"must be an integer, got {value!r}"]}) from None
+
+
+class ModelViewSet(viewsets.ViewSet):
+    """The models registry: model folders under the models dir (imported, built or checkpointed)."""
+
+    @extend_schema(responses=s.ModelInfoSerializer(many=True))
+    def list(self, request):
+        return Response(s.ModelInfoSerializer([m.to_dict() for m in registry.registered_models()], many=True).data)
 
 
 class RolloutFilter(django_filters.FilterSet):

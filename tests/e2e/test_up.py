@@ -21,10 +21,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
+@pytest.fixture(scope="session")
+def shared_models(tmp_path_factory):
+    """One models dir for these tests: the first `up` imports SmolLM2 into it (about a minute), later ones reuse it."""
+    return tmp_path_factory.mktemp("e2e-models")
+
+
 @pytest.fixture
-def fresh_env(tmp_path):
+def fresh_env(tmp_path, shared_models):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-    env.update(LIGHTNING_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1")
+    env.update(LIGHTNING_DATA_DIR=str(tmp_path / "data"), LIGHTNING_MODELS_DIR=str(shared_models),
+               PYTHONUNBUFFERED="1")
     yield env
     pidfile = tmp_path / "data" / "redis" / "redis.pid"  # the embedded Redis this test started
     if pidfile.exists():
@@ -53,7 +60,7 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
     proc = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(port)], cwd=ROOT, env=fresh_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        output = read_until(proc, r"lightning-web is running at")
+        output = read_until(proc, r"lightning-web is running at", timeout=300)
         password = re.search(r"Log in as: admin / (\S+)", output).group(1)
         token = re.search(r"API token of admin: (\w+)", output).group(1)
         assert f"http://127.0.0.1:{port}/" in output and "Demo ready" in output
@@ -75,6 +82,8 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
             api = {"Authorization": f"Token {token}"}
             demo = http.get("/api/v1/datasets/", headers=api).json()["results"]
             assert [d["name"] for d in demo] == ["arith-word-problems"] and demo[0]["train_count"] == 400
+            models = http.get("/api/v1/models/", headers=api).json()
+            assert [(m["name"], m["origin"]) for m in models] == [("smollm2-135m-instruct", "smollm2-gguf")]
             harness = http.post("/api/v1/harnesses/", headers=api, json={"name": "echo", "command": ["echo", "{task_file}"]})
             assert harness.status_code == 201, harness.text
             dataset = http.post("/api/v1/datasets/", headers=api, data={"name": "two", "val_ratio": "0"},
@@ -82,7 +91,7 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
             assert dataset.status_code == 201 and dataset.json()["train_count"] == 2
             reward = http.get("/api/v1/reward-scripts/", headers=api).json()["results"][0]
             run = http.post("/api/v1/runs/", headers=api, json={
-                "name": "smoke", "model": "tiny", "config": {"steps": 1}, "harness": harness.json()["id"],
+                "name": "smoke", "model": "smollm2-135m-instruct", "config": {"steps": 1}, "harness": harness.json()["id"],
                 "dataset": dataset.json()["id"], "reward_script": reward["id"]})
             assert run.status_code == 201 and run.json()["status"] == "queued"
             deadline, status = time.monotonic() + 60, "queued"

@@ -148,7 +148,7 @@ def test_enqueue_happens_only_after_commit(alice, make_harness, make_dataset, ma
                                            django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         with transaction.atomic():
-            services.create_run(alice, name="x", model="m", config={}, harness=make_harness(alice),
+            services.create_run(alice, name="x", model="tiny", config={}, harness=make_harness(alice),
                                 dataset=make_dataset(alice), reward_script=make_reward(alice))
             assert test_redis.llen("runs") == 0
     assert test_redis.llen("runs") == 0 and len(callbacks) == 2

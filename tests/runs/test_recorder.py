@@ -59,9 +59,9 @@ async def test_calls_are_stored_with_token_ids_in_seq_order(proxy, rollouts):
 async def test_one_rollouts_key_cannot_write_into_another(proxy, rollouts):
     _, [(first, first_secret), (second, _), _] = rollouts
     with pytest.raises(openai.AuthenticationError):
-        await sdk(proxy, second.pk, first_secret).chat.completions.create(model="m", messages=MESSAGES)
+        await sdk(proxy, second.pk, first_secret).chat.completions.create(model="tiny", messages=MESSAGES)
     with pytest.raises(openai.NotFoundError):
-        await sdk(proxy, 999999, first_secret).chat.completions.create(model="m", messages=MESSAGES)
+        await sdk(proxy, 999999, first_secret).chat.completions.create(model="tiny", messages=MESSAGES)
     assert await sync_to_async(ModelCall.objects.count)() == 0
 
 
@@ -70,7 +70,7 @@ async def test_a_finished_rollout_gets_409(proxy, rollouts):
     await sync_to_async(Rollout.objects.filter(pk=rollout.pk).update)(status="succeeded")
     await asyncio.sleep(0.1)  # past the directory cache
     with pytest.raises(openai.ConflictError):
-        await sdk(proxy, rollout.pk, secret).chat.completions.create(model="m", messages=MESSAGES)
+        await sdk(proxy, rollout.pk, secret).chat.completions.create(model="tiny", messages=MESSAGES)
 
 
 async def test_a_cancelled_run_closes_its_rollouts(proxy, rollouts, alice):

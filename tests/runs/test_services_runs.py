@@ -107,14 +107,14 @@ def test_only_the_owner_or_staff_may_cancel(alice, bob, staff, make_run):
 def test_a_run_cannot_use_another_users_objects(alice, bob, make_harness, make_dataset, make_reward):
     harness = make_harness(bob)
     with pytest.raises(services.NotOwned, match="does not belong to you"):
-        services.create_run(alice, name="x", model="m", config={}, harness=harness,
+        services.create_run(alice, name="x", model="tiny", config={}, harness=harness,
                             dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert Run.objects.count() == 0
 
 
 def test_a_bad_config_is_refused_with_the_field_named(alice, make_harness, make_dataset, make_reward):
     with pytest.raises(services.ServiceError, match="config: .*stepz"):
-        services.create_run(alice, name="x", model="m", config={"stepz": 3}, harness=make_harness(alice),
+        services.create_run(alice, name="x", model="tiny", config={"stepz": 3}, harness=make_harness(alice),
                             dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert Run.objects.count() == 0
 
@@ -122,7 +122,7 @@ def test_a_bad_config_is_refused_with_the_field_named(alice, make_harness, make_
 def test_a_dataset_without_train_tasks_cannot_run(alice, make_harness, make_dataset, make_reward):
     dataset = make_dataset(alice, tasks=[{"q": 1, "split": "val"}])
     with pytest.raises(services.ServiceError, match="no train tasks"):
-        services.create_run(alice, name="x", model="m", config={}, harness=make_harness(alice), dataset=dataset,
+        services.create_run(alice, name="x", model="tiny", config={}, harness=make_harness(alice), dataset=dataset,
                             reward_script=make_reward(alice))
 
 

@@ -15,6 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
+from runs.management.commands.models import ensure_smollm2
+
 
 class Command(BaseCommand):
     help = "Set up the database and first user, then run the web server and a Celery worker."
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         user = self._first_user()
         if not options["no_demo"]:
+            ensure_smollm2(self.stdout.write)
             call_command("load_demo", username=user.username, verbosity=1)
         children = self._start(options)
         url = f"http://{'127.0.0.1' if options['host'] in ('0.0.0.0', '::') else options['host']}:{options['port']}/"
