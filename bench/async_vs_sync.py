@@ -35,21 +35,21 @@ async def train(mode: str, args, tool_latency: float) -> dict[str, float]:
     start = time.perf_counter()
     reports = await run(Policy(model, config), engine, source)
     wall = time.perf_counter() - start
-    busy = sum(r.metrics["time/generate"] + r.metrics["time/train"] + r.metrics["time/sync"] for r in reports)
+    device = [r.metrics["time/generate"] + r.metrics["time/train"] + r.metrics["time/sync"] for r in reports]
+    busy = sum(device)
     split = {k: sum(r.metrics[f"time/{k}"] for r in reports) for k in ("generate", "train", "sync", "idle")}
     staleness = max(r.metrics["staleness/max"] for r in reports)
     print(f"{mode:5s}: wall {wall:6.2f} s  busy {min(busy / wall, 1.0):.2f}  split "
           + " ".join(f"{k}={v:.2f}s" for k, v in split.items())
           + f"  max staleness {staleness}  reward {reports[0].metrics['reward/mean']:.3f}"
           f" -> {reports[-1].metrics['reward/mean']:.3f}")
-    return {"wall": wall, "busy": min(busy / wall, 1.0)}
+    return {"wall": wall, "busy": min(busy / wall, 1.0), "device_per_step": sum(device[1:]) / max(len(device) - 1, 1)}
 
 
 async def calibrate(args) -> float:
-    """Device time of one step (generation + training, no harness latency): the tool latency is set from it."""
-    probe = argparse.Namespace(**{**vars(args), "steps": 2})
-    result = await train("sync", probe, tool_latency=0.0)
-    return result["wall"] / 2
+    """Device time of one step (generation + training + sync, no harness latency), the warm-up step left out."""
+    probe = argparse.Namespace(**{**vars(args), "steps": 3})
+    return (await train("sync", probe, tool_latency=0.0))["device_per_step"]
 
 
 def main() -> None:
