@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +59,19 @@ def serve(kind: str, port: int, upstream: str, clients: int, latency_s: float, c
             await proxy(scope, receive, send)
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group (from /proc)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ... utime(11) stime(12)
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -187,9 +200,10 @@ async def run_load(name: str, url_for, headers_for, clients: int, calls: int, st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
-    parser.add_argument("--calls", type=int, default=8, help="calls per client per mode (streaming and not)")
-    parser.add_argument("--latency", type=float, default=0.25, help="fake engine seconds before the answer")
-    parser.add_argument("--chunk-delay", type=float, default=0.01, help="fake engine seconds between stream chunks")
+    parser.add_argument("--calls", type=int, default=4, help="calls per client per mode and round (plus one warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all paths, interleaved")
+    parser.add_argument("--latency", type=float, default=0.5, help="fake engine seconds before the answer")
+    parser.add_argument("--chunk-delay", type=float, default=0.02, help="fake engine seconds between stream chunks")
     parser.add_argument("--skip-litellm", action="store_true", help="measure direct and our proxy only")
     parser.add_argument("--serve", choices=["fake", "proxy"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -232,31 +246,43 @@ def main() -> None:
             wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness", lite, "LiteLLM proxy", 300)
             paths["litellm"] = (lambda i: f"http://127.0.0.1:{litellm_port}/v1/chat/completions", lambda i: auth)
 
-        print(f"load: {args.clients} concurrent clients x {args.calls} calls, streaming and not; fake engine "
-              f"latency {args.latency}s, {args.chunk_delay}s between chunks; logs in {logs}")
-        results: dict[str, list[PathResult]] = {}
-        for name, (url_for, headers_for) in paths.items():
+        print(f"load: {args.clients} concurrent clients, {args.rounds} rounds x {args.calls} calls each, streaming and "
+              f"not, paths interleaved; fake engine latency {args.latency}s, {args.chunk_delay}s between chunks; "
+              f"logs in {logs}", flush=True)
+        servers = {"direct": fake, "ours": ours, **({"litellm": lite} if "litellm" in paths else {})}
+        results: dict[str, list[PathResult]] = {name: [] for name in paths}
+        cpu: dict[str, float] = {name: 0.0 for name in paths}
+        for _ in range(args.rounds):  # interleaved, so a change in background load hits every path alike
+            for name, (url_for, headers_for) in paths.items():
+                for stream in (False, True):
+                    before = group_cpu_s(servers[name].pid)
+                    results[name].append(asyncio.run(run_load(name, url_for, headers_for, args.clients, args.calls, stream)))
+                    cpu[name] += group_cpu_s(servers[name].pid) - before
+
+        for name, runs in results.items():
             for stream in (False, True):
-                result = asyncio.run(run_load(name, url_for, headers_for, args.clients, args.calls, stream))
-                results.setdefault(name, []).append(result)
-                print(f"{name:8s} {'stream' if stream else 'whole ':6s}  p50 {result.pct(0.5):7.1f} ms  "
-                      f"p99 {result.pct(0.99):7.1f} ms  {result.calls_per_s:7.1f} calls/s  errors {result.errors}", flush=True)
+                mine = [r for r, s in zip(runs, itertools.cycle((False, True))) if s == stream]
+                merged = PathResult(name, [x for r in mine for x in r.latencies], sum(r.wall_s for r in mine),
+                                    sum(r.errors for r in mine))
+                print(f"{name:8s} {'stream' if stream else 'whole ':6s}  p50 {merged.pct(0.5):7.1f} ms  "
+                      f"p99 {merged.pct(0.99):7.1f} ms  {merged.calls_per_s:7.1f} calls/s  errors {merged.errors}")
 
         def throughput(name: str) -> float:  # calls/s over both modes together
             runs = results[name]
             return sum(len(r.latencies) for r in runs) / sum(r.wall_s for r in runs)
 
-        sent = 2 * args.clients * (args.calls + 1)  # both modes, warm-up included
+        per_path = 2 * args.rounds * args.clients * (args.calls + 1)  # both modes, warm-up calls included
+        for name in results:
+            note = " (the fake engine itself)" if name == "direct" else " (proxy process; the fake engine not counted)"
+            print(f"{name:8s} total {throughput(name):7.1f} calls/s; server CPU {1000 * cpu[name] / per_path:6.2f} ms/call{note}")
         recorded = httpx.get(f"http://127.0.0.1:{proxy_port}/bench/recorded").json()
         errors = sum(r.errors for runs in results.values() for r in runs)
         vs_direct = throughput("ours") / throughput("direct")
         vs_litellm = throughput("ours") / throughput("litellm") if "litellm" in results else float("nan")
-        for name in results:
-            print(f"{name:8s} total {throughput(name):7.1f} calls/s")
         print(f"ours/direct {vs_direct:.2f}x (target >= 0.8); ours/litellm {vs_litellm:.2f}x (target >= 3)")
-        print(f"sent through our proxy {sent}; recorded {recorded['recorded']}, with complete token ids "
+        print(f"sent through our proxy {per_path}; recorded {recorded['recorded']}, with complete token ids "
               f"{recorded['with_token_ids']}; failed calls on all paths {errors}")
-        equal = recorded["recorded"] == sent == recorded["with_token_ids"]
+        equal = recorded["recorded"] == per_path == recorded["with_token_ids"]
         print(f"RESULT vs_direct={vs_direct:.2f} vs_litellm={vs_litellm:.2f} recorded_equals_sent={str(equal).lower()}")
     finally:
         for process in reversed(processes):

@@ -9,10 +9,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, Router
 
 from proxy import sse
 from proxy.anthropic_api import MessagesAdapter
@@ -34,6 +33,19 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "responses": ResponsesAdapter,
     "messages": MessagesAdapter,
 }
+
+
+def _guard(fmt: str, handler: Callable[[Request], Awaitable[Response]]):
+    """Turn an unexpected exception into a logged 500 in the caller's format; the proxy keeps serving."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception:
+            logger.exception("proxy error on %s %s", request.method, request.url.path)
+            return error_response(fmt, ProxyError(500, "internal proxy error", "proxy_error"))
+
+    return guarded
 
 
 class _Call:
@@ -101,14 +113,16 @@ class ProxyApp:
         self._policy_version = policy_version
         self._seq: dict[str, int] = {}
         base = "/rollouts/{rollout_id}/v1/"
-        routes = [Route(base + path, self._endpoint(path), methods=["POST"]) for path in ADAPTERS]
+        routes = [Route(base + path, _guard(a.error_format, self._endpoint(a)), methods=["POST"]) for path, a in ADAPTERS.items()]
         routes += [
-            Route(base + "models", self._models, methods=["GET"]),
-            Route(base + "reward", self._reward, methods=["POST"]),
+            Route(base + "models", _guard(OPENAI, self._models), methods=["GET"]),
+            Route(base + "reward", _guard(OPENAI, self._reward), methods=["POST"]),
             Route(base + "{rest:path}", self._unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
             Route("/healthz", self._health, methods=["GET"]),
         ]
-        self.app = Starlette(routes=routes, lifespan=self._lifespan)
+        # A bare Router, not Starlette(): its two middleware layers cost every streamed chunk a detour, and
+        # _guard already answers unexpected errors with a 500 in the caller's format.
+        self.app = Router(routes=routes, lifespan=self._lifespan)
 
     async def __call__(self, scope, receive, send) -> None:
         await self.app(scope, receive, send)
@@ -174,8 +188,7 @@ class ProxyApp:
 
     # --- model calls ---------------------------------------------------------------------------------
 
-    def _endpoint(self, path: str):
-        adapter_cls = ADAPTERS[path]
+    def _endpoint(self, adapter_cls: type[Adapter]):
 
         async def endpoint(request: Request) -> Response:
             try:

@@ -147,7 +147,8 @@ class ResponsesAdapter(Adapter):
                 out["tool_choice"] = chat_tool_choice(body["tool_choice"])
             if body.get("parallel_tool_calls") is not None:
                 out["parallel_tool_calls"] = body["parallel_tool_calls"]
-        fmt = (body.get("text") or {}).get("format") or {}
+        fmt = (body.get("text") or {}).get("format")
+        fmt = fmt if isinstance(fmt, dict) else {}
         if fmt.get("type") == "json_schema":
             schema = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
