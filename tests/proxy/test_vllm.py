@@ -1,0 +1,88 @@
+"""The proxy in front of a real vLLM (engine venv, tiny model): recorded ids are the template's and decode to the text."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from proxy.app import create_app
+from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
+from trainer.engine import EngineConfig, VLLMServer, default_engine_venv
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
+                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
+]
+MESSAGES = [{"role": "system", "content": "You are a calculator."},
+            {"role": "user", "content": "What is 12 + 34? Answer with CALC: then the numbers."}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from trainer.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny, tmp_path_factory):
+    config = EngineConfig(model_path=str(tiny), served_model_name="tiny", max_model_len=1024, kv_cache_gb=0.25,
+                          dtype="float32")
+    server = VLLMServer(config, log_path=tmp_path_factory.mktemp("engine") / "engine.log").start(timeout=600)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def proxied(engine):
+    directory, recorder = InMemoryDirectory(), InMemoryRecorder()
+    directory.add("r1", "s1")
+    app = create_app(directory, recorder, UpstreamConfig(base_url=engine.base_url + "/v1", served_model="tiny"))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+    yield http, recorder
+    await http.aclose()
+    await app.aclose()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_it_records_the_templates_prompt_ids_and_ids_that_decode_to_the_text(proxied, tiny, stream):
+    http, recorder = proxied
+    sdk = openai.AsyncOpenAI(base_url="http://proxy/rollouts/r1/v1", api_key="s1", http_client=http, max_retries=0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+
+    if stream:
+        chunks = [c async for c in await sdk.chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, max_tokens=24, temperature=0.0, stream=True)]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        reply = await sdk.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=24, temperature=0.0)
+        text = reply.choices[0].message.content
+
+    [call] = recorder.calls
+    assert call.status_code == 200 and call.stream is stream
+    assert call.prompt_ids == tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=False)
+    assert call.completion_ids and len(call.logprobs) == len(call.completion_ids)
+    assert all(lp <= 0.0 for lp in call.logprobs)
+    assert tokenizer.decode(call.completion_ids, skip_special_tokens=True) == text
+    assert call.finish_reason in ("stop", "length")
+
+
+async def test_it_records_template_ids_for_a_translated_anthropic_stream(proxied, tiny):
+    http, recorder = proxied
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 16, "temperature": 0.0, "stream": True,
+            "system": MESSAGES[0]["content"], "messages": [MESSAGES[1]]}
+
+    r = await http.post("http://proxy/rollouts/r1/v1/messages", json=body, headers={"x-api-key": "s1"})
+
+    assert r.status_code == 200 and "event: message_stop" in r.text
+    [call] = recorder.calls
+    assert call.prompt_ids == tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=False)
+    text = "".join(block["text"] for block in call.response["content"] if block["type"] == "text")
+    assert tokenizer.decode(call.completion_ids, skip_special_tokens=True) == text
+    assert call.response["usage"]["output_tokens"] == len(call.completion_ids)
