@@ -31,35 +31,51 @@ REFERENCE_FILE = "reference.safetensors"
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Samples concatenated into one row; attention stays within a sample because position ids restart."""
+    """Samples packed into rows; attention stays within a sample because its position ids restart at 0.
 
-    input_ids: Tensor  # (1, N)
-    position_ids: Tensor  # (1, N)
-    logit_positions: Tensor  # (M,) row positions whose logits predict a loss token
-    targets: Tensor  # (M,) the loss tokens
+    Rows are as long as the longest sample, so attention cost per token stays bounded by that length (one row
+    of all the samples would make every token attend over the whole micro-batch).
+    """
+
+    input_ids: Tensor  # (R, L)
+    position_ids: Tensor  # (R, L)
+    logit_rows: Tensor  # (M,) row of the logit that predicts each loss token
+    logit_cols: Tensor  # (M,) its column
+    targets: Tensor  # (M,) the loss tokens, in sample order
     behaviour: Tensor  # (M,) engine logprobs of those tokens
-    sample_index: Tensor  # (M,) index of each loss token's sample in the list given to `pack`
-
-    @property
-    def num_tokens(self) -> int:
-        return self.input_ids.shape[1]
+    sample_index: Tensor  # (M,) index of each loss token's sample in the list given to `pack` (+ first_index)
+    num_tokens: int  # real (non-padding) tokens
 
 
 def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
-    ids, positions, logit_pos, targets, behaviour, owner = [], [], [], [], [], []
+    """First-fit-decreasing packing of whole samples into rows; loss tokens are listed in sample order."""
+    width = max(len(s.token_ids) for s in samples)
+    rows: list[list[int]] = []
+    placement: dict[int, tuple[int, int]] = {}  # sample -> (row, offset)
+    for k in sorted(range(len(samples)), key=lambda k: -len(samples[k].token_ids)):
+        n = len(samples[k].token_ids)
+        r = next((i for i, row in enumerate(rows) if len(row) + n <= width), len(rows))
+        if r == len(rows):
+            rows.append([])
+        placement[k] = (r, len(rows[r]))
+        rows[r].extend(range(n))  # position ids for now; token ids are written below
+    ids = torch.zeros(len(rows), width, dtype=torch.long)  # (R, L) padding is token 0 ...
+    positions = torch.tensor([row + list(range(width - len(row))) for row in rows])  # ... in its own segment
+    rows_, cols, targets, behaviour, owner = [], [], [], [], []
     for k, sample in enumerate(samples):
-        offset = len(ids)
-        ids.extend(sample.token_ids)
-        positions.extend(range(len(sample.token_ids)))
+        r, offset = placement[k]
+        ids[r, offset:offset + len(sample.token_ids)] = torch.tensor(sample.token_ids)
         for t, (m, lp) in enumerate(zip(sample.loss_mask, sample.logprobs)):
             if m and t > 0:  # the first token has no context to be predicted from
-                logit_pos.append(offset + t - 1)
+                rows_.append(r)
+                cols.append(offset + t - 1)
                 targets.append(sample.token_ids[t])
                 behaviour.append(lp)
                 owner.append(first_index + k)
     long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return PackedBatch(long(ids)[None], long(positions)[None], long(logit_pos), long(targets),
-                       torch.tensor(behaviour, dtype=torch.float32), long(owner))
+    return PackedBatch(ids, positions, long(rows_), long(cols), long(targets),
+                       torch.tensor(behaviour, dtype=torch.float32), long(owner),
+                       sum(len(s.token_ids) for s in samples))
 
 
 def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
@@ -82,8 +98,8 @@ def token_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.
     ctx = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else nullcontext()
     with ctx:
         hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                                     use_cache=False).last_hidden_state  # (1, N, H)
-        logits = model.get_output_embeddings()(hidden[0, batch.logit_positions])  # (M, V)
+                                     use_cache=False).last_hidden_state  # (R, L, H)
+        logits = model.get_output_embeddings()(hidden[batch.logit_rows, batch.logit_cols])  # (M, V)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (M, V)
     logp = logp_all.gather(1, batch.targets[:, None])[:, 0]  # (M,)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach()  # (M,)

@@ -30,14 +30,20 @@ def test_it_computes_packed_logprobs_equal_to_unpacked_ones(random_samples):
     assert 0 < entropy.min() and entropy.max() <= torch.log(torch.tensor(64.0)) + 1e-5
 
 
-def test_it_packs_loss_positions_one_before_each_loss_token():
-    batch = pack([make_sample([5, 6], [7]), make_sample([8], [9, 10], logprob=-2.0)])
-    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
-    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1, 2]]
-    assert batch.logit_positions.tolist() == [1, 3, 4]
-    assert batch.targets.tolist() == [7, 9, 10]
-    assert batch.behaviour.tolist() == [-1.0, -2.0, -2.0]
-    assert batch.sample_index.tolist() == [0, 1, 1]
+def test_it_packs_first_fit_decreasing_with_loss_positions_one_before_each_loss_token():
+    samples = [make_sample([5], [6]), make_sample([1, 2, 3], [4, 4]), make_sample([7, 8], [9], logprob=-2.0)]
+    batch = pack(samples)
+    # Rows as long as the longest sample (5): it fills row 0; the 3-token and 2-token samples share row 1.
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 4], [7, 8, 9, 5, 6]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert list(zip(batch.logit_rows.tolist(), batch.logit_cols.tolist())) == [(1, 3), (0, 2), (0, 3), (1, 1)]
+    assert batch.targets.tolist() == [6, 4, 4, 9]
+    assert batch.behaviour.tolist() == [-1.0, -1.0, -1.0, -2.0]
+    assert batch.sample_index.tolist() == [0, 1, 1, 2]
+    assert batch.num_tokens == 10
+    padded = pack([make_sample([1, 2, 3], [4]), make_sample([5], [6])])
+    assert padded.input_ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert padded.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 1]]  # padding is a segment of its own
 
 
 def test_it_splits_micro_batches_by_token_budget():
