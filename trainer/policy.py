@@ -8,7 +8,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -45,6 +45,12 @@ class PackedBatch:
     behaviour: Tensor  # (M,) engine logprobs of those tokens
     sample_index: Tensor  # (M,) index of each loss token's sample in the list given to `pack` (+ first_index)
     num_tokens: int  # real (non-padding) tokens
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        if self.input_ids.device == device:
+            return self
+        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "num_tokens"}
+        return PackedBatch(**tensors, num_tokens=self.num_tokens)
 
 
 def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
@@ -95,7 +101,9 @@ def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int
 def token_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.0,
                    autocast_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """Logprob of each target and the entropy at its position, both (M,); logits only where a loss token is."""
-    ctx = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else nullcontext()
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
     with ctx:
         hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
                                      use_cache=False).last_hidden_state  # (R, L, H)
@@ -186,6 +194,9 @@ class Policy:
         return result
 
     def _backward(self, batch: PackedBatch, adv: Tensor, weights: Tensor, old: Tensor | None) -> Metrics:
+        device = next(self.model.parameters()).device
+        batch, adv, weights = batch.to(device), adv.to(device), weights.to(device)
+        old = None if old is None else old.to(device)
         logp, entropy = token_logprobs(self.model, batch, self.config.temperature, self._autocast)
         ref = None
         if self.reference is not None:
