@@ -82,10 +82,21 @@ HAND = {"token_mean": 26 / 6, "seq_mean_token_mean": (2 + 4 + 8) / 3,
 
 @pytest.mark.parametrize("name", sorted(HAND))
 def test_it_aggregates_by_hand_in_flat_and_padded_layouts(name):
-    flat = aggregate_loss(name, FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT, norm=4)
-    padded = aggregate_loss(name, PADDED_LOSS, PADDED_MASK, PADDED_SAMPLE, PADDED_ROLLOUT, norm=4)
+    flat, metrics = aggregate_loss(name, FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT, norm=4)
+    padded, _ = aggregate_loss(name, PADDED_LOSS, PADDED_MASK, PADDED_SAMPLE, PADDED_ROLLOUT, norm=4)
     assert flat.item() == pytest.approx(HAND[name])
     assert padded.item() == pytest.approx(HAND[name])
+    assert metrics["loss/aggregated"] == pytest.approx(HAND[name])
+    # Means weigh to 1 in total; Dr. GRPO's constant divisor weighs 6 tokens / (4 * 3 samples).
+    assert metrics["agg/weight_sum"] == pytest.approx(0.5 if name == "seq_mean_token_sum_norm" else 1.0)
+
+
+def test_it_weighs_each_rollout_the_same_however_many_samples_it_split_into():
+    # Rollout 0 split into samples s0 (3 tokens) and s1 (1 token); rollout 1 is one sample of 2 tokens.
+    _, metrics = aggregate_loss("rollout_mean", FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT)
+    weights = loss_weights("rollout_mean", torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT)
+    assert weights.tolist() == pytest.approx([1 / 8] * 4 + [1 / 4] * 2)
+    assert metrics["agg/token_weight_max"] == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
@@ -115,7 +126,7 @@ def test_it_matches_the_loop_reference_on_random_batches(name):
     sample_index = torch.randint(0, 10, (200,), generator=gen)
     losses = torch.randn(200, generator=gen, dtype=torch.float64)
     rollout_index = sample_rollout[sample_index]
-    got = aggregate_loss(name, losses, torch.ones(200), sample_index, rollout_index, norm=50)
+    got, _ = aggregate_loss(name, losses, torch.ones(200), sample_index, rollout_index, norm=50)
     want = loop_aggregate(name, losses.tolist(), sample_index.tolist(), rollout_index.tolist(), 50)
     assert got.item() == pytest.approx(want)
 
