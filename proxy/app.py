@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -228,12 +229,20 @@ class ProxyApp:
             await self.records.record(record)
             return JSONResponse(response)
 
+        recorded = False
+
         async def replay() -> AsyncIterator[dict]:
+            nonlocal recorded
             for chunk in chunks_from_answer(answer, adapter.kind):
                 yield chunk
+            recorded = True
             await self.records.record(record)  # before the stream's last event: recorded when the harness sees it end
 
-        return StreamingResponse(adapter.events(replay()), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        async def close() -> None:
+            if not recorded:  # the harness left mid-replay: the engine's answer is still worth keeping
+                self.records.submit(replace(record, status_code=499, error="client disconnected before the stream ended"))
+
+        return _CallStream(adapter.events(replay()), close)
 
     async def _stream_from_stream(self, call: _Call) -> Response:
         adapter = call.adapter

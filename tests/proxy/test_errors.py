@@ -181,3 +181,4 @@ async def test_it_records_a_stream_the_harness_abandons(live, fake, recorder):
     [call] = recorder.calls
     assert call.status_code == 499 and call.error == "client disconnected before the stream ended"
     assert call.completion_ids[:4] == encode("Hell") and app.gate.in_flight == 0
+
