@@ -22,6 +22,11 @@ FAKE_SERVER = textwrap.dedent("""
     if os.environ.get("FAKE_VLLM_CRASH"):
         print("RuntimeError: fake engine cannot allocate the KV cache", flush=True)
         sys.exit(3)
+    race = os.environ.get("FAKE_VLLM_PORT_RACE")
+    if race and not os.path.exists(race):
+        open(race, "w").close()
+        print("OSError: [Errno 98] Address already in use", flush=True)
+        sys.exit(1)
     subprocess.Popen(["sleep", "300"])  # a helper process, like vLLM's engine core
     if os.environ.get("FAKE_VLLM_HANG"):
         signal_ignored = __import__("signal").signal(15, lambda *_: None)
@@ -108,6 +113,14 @@ def test_a_crash_at_startup_raises_with_the_log_tail(tiny_model_dir, fake_venv):
         server.start(timeout=30)
     assert "fake engine cannot allocate the KV cache" in str(err.value)
     assert not group_alive(server.pgid)
+
+
+def test_a_lost_port_race_is_retried_on_another_port(tiny_model_dir, fake_venv, tmp_path):
+    config = _config(tiny_model_dir, fake_venv, extra_env={"FAKE_VLLM_PORT_RACE": str(tmp_path / "raced")})
+    with VLLMServer(config, log_path=tmp_path / "engine.log") as server:
+        assert server.health()
+    log = (tmp_path / "engine.log").read_text()
+    assert "Address already in use" in log and "fake vLLM listening" in log
 
 
 def test_no_engine_survives_its_owner_being_killed(tiny_model_dir, fake_venv, tmp_path):

@@ -129,3 +129,22 @@ def test_stop_leaves_no_process_of_the_group(engine):
     assert group_alive(pgid) and server.health()
     server.stop()
     assert not group_alive(pgid) and not server.health()
+
+
+def test_smollm2_imported_from_gguf_serves_and_reloads_in_vllm(tmp_path):
+    from trainer.models import import_smollm2
+
+    model_dir = import_smollm2(tmp_path / "smollm2")
+    config = EngineConfig(model_path=str(model_dir), served_model_name="smollm2", max_model_len=1024,
+                          kv_cache_gb=0.5, extra_args=("--enforce-eager",))  # skips a minute of compiling
+    with managed_engine(config, tmp_path / "engine", start_timeout=600) as engine:
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16, "temperature": 0.0, "return_token_ids": True}
+        first = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=300).json()
+        assert first["prompt_token_ids"][0] == 1  # <|im_start|>, then SmolLM2's default system prompt
+        assert first["choices"][0]["message"]["content"].strip()
+        assert first["choices"][0]["finish_reason"] in ("stop", "length")
+        engine.sync.update_weights(served_state(engine), version=7)
+        again = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=300).json()
+        assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+        assert engine.sync.version() == 7

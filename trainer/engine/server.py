@@ -143,13 +143,26 @@ class VLLMServer:
     def pgid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout: float = 300.0) -> "VLLMServer":
-        """Launch and block until /health answers 200; raise EngineError with the log tail otherwise."""
+    def start(self, timeout: float = 300.0, attempts: int = 3) -> "VLLMServer":
+        """Launch and block until /health answers 200; raise EngineError with the log tail otherwise.
+
+        With no fixed port, a start that loses a port race ("Address already in use") is retried on a new one.
+        """
         if self.running():
             return self
         python = self.config.venv_path / "bin" / "python"
         if not python.exists():
             raise EngineError(f"engine venv not found at {self.config.venv_path}: run scripts/setup-engine")
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(python, timeout)
+            except EngineError as exc:
+                if self.config.port or attempt == attempts or "Address already in use" not in str(exc):
+                    raise
+                logger.warning("vLLM lost a port race (attempt %d of %d): retrying on another port", attempt, attempts)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, python: Path, timeout: float) -> "VLLMServer":
         self.port = self.config.port or free_port(self.config.host)
         cmd = build_command(self.config, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
