@@ -53,7 +53,8 @@ def serve(kind: str, port: int, upstream: str, clients: int, latency_s: float, c
                 good = sum(1 for c in recorder.calls if c.status_code == 200 and c.prompt_ids and c.completion_ids
                            and len(c.logprobs) == len(c.completion_ids))
                 body = json.dumps({"recorded": len(recorder.calls), "with_token_ids": good}).encode()
-                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+                headers = [(b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return
             await proxy(scope, receive, send)
@@ -134,10 +135,11 @@ def ensure_litellm_venv() -> Path:
     if subprocess.run(pip + [LITELLM_SPEC]).returncode != 0:
         # The [proxy] extra pins companion wheels (litellm-proxy, litellm-enterprise) that a registry mirror may
         # lack; the proxy server itself ships inside litellm, so install litellm and the extra's other packages.
+        print("falling back to litellm plus its [proxy] packages without the litellm-proxy wheel", flush=True)
         subprocess.run(pip + [LITELLM_SPEC.replace("[proxy]", "")], check=True)
-        listed = subprocess.run([str(python), "-c", "from importlib.metadata import requires; print(*requires('litellm'), sep='\\n')"],
-                                check=True, capture_output=True, text=True).stdout.splitlines()
-        subprocess.run(pip + proxy_requirements(listed), check=True)
+        show = "from importlib.metadata import requires; print(*requires('litellm'), sep='\\n')"
+        listed = subprocess.run([str(python), "-c", show], check=True, capture_output=True, text=True)
+        subprocess.run(pip + proxy_requirements(listed.stdout.splitlines()), check=True)
     return litellm
 
 
@@ -220,10 +222,12 @@ def main() -> None:
     fake_url = f"http://127.0.0.1:{fake_port}/v1"
     processes = []
     try:
-        processes.append(fake := start(me + common + ["--serve", "fake", "--port", str(fake_port)], log=logs / "fake.log"))
+        fake = start(me + common + ["--serve", "fake", "--port", str(fake_port)], log=logs / "fake.log")
+        processes.append(fake)
         wait_ready(fake_url + "/models", fake, "fake engine", 60)
-        processes.append(ours := start(me + common + ["--serve", "proxy", "--port", str(proxy_port), "--upstream", fake_url],
-                                       log=logs / "proxy.log"))
+        ours = start(me + common + ["--serve", "proxy", "--port", str(proxy_port), "--upstream", fake_url],
+                     log=logs / "proxy.log")
+        processes.append(ours)
         wait_ready(f"http://127.0.0.1:{proxy_port}/bench/recorded", ours, "our proxy", 60)
         paths = {
             "direct": (lambda i: fake_url + "/chat/completions", lambda i: {}),
@@ -238,10 +242,10 @@ def main() -> None:
                     "model": "openai/served-model", "api_base": fake_url, "api_key": "none"}}],
                 "litellm_settings": {"drop_params": True},
             }))
-            processes.append(lite := start([str(litellm), "--config", str(config), "--port", str(litellm_port),
-                                            "--host", "127.0.0.1", "--num_workers", "1"],
-                                           env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY,
-                                                "LITELLM_LOG": "ERROR"}, log=logs / "litellm.log"))
+            env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOG": "ERROR"}
+            lite = start([str(litellm), "--config", str(config), "--port", str(litellm_port), "--host", "127.0.0.1",
+                          "--num_workers", "1"], env=env, log=logs / "litellm.log")
+            processes.append(lite)
             auth = {"authorization": f"Bearer {MASTER_KEY}"}
             wait_ready(f"http://127.0.0.1:{litellm_port}/health/liveliness", lite, "LiteLLM proxy", 300)
             paths["litellm"] = (lambda i: f"http://127.0.0.1:{litellm_port}/v1/chat/completions", lambda i: auth)
@@ -256,7 +260,8 @@ def main() -> None:
             for name, (url_for, headers_for) in paths.items():
                 for stream in (False, True):
                     before = group_cpu_s(servers[name].pid)
-                    results[name].append(asyncio.run(run_load(name, url_for, headers_for, args.clients, args.calls, stream)))
+                    load = run_load(name, url_for, headers_for, args.clients, args.calls, stream)
+                    results[name].append(asyncio.run(load))
                     cpu[name] += group_cpu_s(servers[name].pid) - before
 
         for name, runs in results.items():
@@ -274,7 +279,8 @@ def main() -> None:
         per_path = 2 * args.rounds * args.clients * (args.calls + 1)  # both modes, warm-up calls included
         for name in results:
             note = " (the fake engine itself)" if name == "direct" else " (proxy process; the fake engine not counted)"
-            print(f"{name:8s} total {throughput(name):7.1f} calls/s; server CPU {1000 * cpu[name] / per_path:6.2f} ms/call{note}")
+            print(f"{name:8s} total {throughput(name):7.1f} calls/s; "
+                  f"server CPU {1000 * cpu[name] / per_path:6.2f} ms/call{note}")
         recorded = httpx.get(f"http://127.0.0.1:{proxy_port}/bench/recorded").json()
         errors = sum(r.errors for runs in results.values() for r in runs)
         vs_direct = throughput("ours") / throughput("direct")

@@ -35,7 +35,8 @@ def _text(blocks: object, where: str) -> str:
 def _image(block: dict) -> dict | None:
     source = block.get("source") or {}
     if source.get("type") == "base64":
-        return {"type": "image_url", "image_url": {"url": f"data:{source.get('media_type')};base64,{source.get('data')}"}}
+        url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+        return {"type": "image_url", "image_url": {"url": url}}
     if source.get("type") == "url":
         return {"type": "image_url", "image_url": {"url": source.get("url")}}
     return None
@@ -77,7 +78,8 @@ def _assistant_turn(blocks: list, where: str) -> dict:
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise ProxyError(400, f"{where}.content[{j}] tool_use needs string 'id' and 'name'", "invalid_type")
             arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-            calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+            function = {"name": block["name"], "arguments": arguments}
+            calls.append({"id": block["id"], "type": "function", "function": function})
     message: dict = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
@@ -189,7 +191,8 @@ class MessagesAdapter(Adapter):
         usage = answer.get("usage") or {}
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
+                "usage": {"input_tokens": usage.get("prompt_tokens", 0),
+                          "output_tokens": usage.get("completion_tokens", 0),
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
 
     async def events(self, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
@@ -222,7 +225,8 @@ class MessagesAdapter(Adapter):
                         if current is not None:
                             yield block_event("content_block_stop", index=current)
                         current = blocks["text"] = len(blocks)
-                        yield block_event("content_block_start", index=current, content_block={"type": "text", "text": ""})
+                        yield block_event("content_block_start", index=current,
+                                          content_block={"type": "text", "text": ""})
                     yield block_event("content_block_delta", index=blocks["text"],
                                       delta={"type": "text_delta", "text": delta["content"]})
                 for call in delta.get("tool_calls") or ():

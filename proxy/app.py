@@ -1,14 +1,13 @@
 """The proxy's ASGI app: routes, admission (auth, gate), the engine round trip and recording."""
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
 import time
-from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -114,7 +113,8 @@ class ProxyApp:
         self._policy_version = policy_version
         self._seq: dict[str, int] = {}
         base = "/rollouts/{rollout_id}/v1/"
-        routes = [Route(base + path, _guard(a.error_format, self._endpoint(a)), methods=["POST"]) for path, a in ADAPTERS.items()]
+        routes = [Route(base + path, _guard(adapter.error_format, self._endpoint(adapter)), methods=["POST"])
+                  for path, adapter in ADAPTERS.items()]
         routes += [
             Route(base + "models", _guard(OPENAI, self._models), methods=["GET"]),
             Route(base + "reward", _guard(OPENAI, self._reward), methods=["POST"]),
@@ -190,7 +190,6 @@ class ProxyApp:
     # --- model calls ---------------------------------------------------------------------------------
 
     def _endpoint(self, adapter_cls: type[Adapter]):
-
         async def endpoint(request: Request) -> Response:
             try:
                 info = await self._rollout(request)
@@ -240,7 +239,8 @@ class ProxyApp:
 
         async def close() -> None:
             if not recorded:  # the harness left mid-replay: the engine's answer is still worth keeping
-                self.records.submit(replace(record, status_code=499, error="client disconnected before the stream ended"))
+                left = replace(record, status_code=499, error="client disconnected before the stream ended")
+                self.records.submit(left)
 
         return _CallStream(adapter.events(replay()), close)
 
@@ -351,4 +351,5 @@ def create_app(
     transport=None,
 ) -> ProxyApp:
     """The proxy for one run; serve it with uvicorn and `await app.aclose()` when done."""
-    return ProxyApp(directory, recorder, upstream, policy_version, max_body_bytes, pause_wait_s, retry_after_s, transport)
+    return ProxyApp(directory, recorder, upstream, policy_version, max_body_bytes, pause_wait_s, retry_after_s,
+                    transport)

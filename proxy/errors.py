@@ -67,7 +67,8 @@ def upstream_error_message(body: Any, fallback: str) -> str:
     return fallback
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array", dict: "an object"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+               dict: "an object"}
 
 
 def check_field(body: dict, name: str, types: type | tuple[type, ...], required: bool = False) -> Any:

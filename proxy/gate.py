@@ -53,7 +53,9 @@ class Gate:
         try:
             await asyncio.wait_for(self._drained.wait(), timeout)
         except TimeoutError:
-            raise TimeoutError(f"{self.in_flight} calls still in flight after {timeout}s; the proxy stays paused") from None
+            raise TimeoutError(
+                f"{self.in_flight} calls still in flight after {timeout}s; the proxy stays paused"
+            ) from None
 
     async def resume(self) -> None:
         self._open.set()

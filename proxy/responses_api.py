@@ -75,8 +75,9 @@ def input_messages(instructions: str | None, items: str | list) -> list[dict]:
                 if not isinstance(item.get(key), str):
                     raise ProxyError(400, f"{where}.{key} must be a string", "invalid_type")
             arguments = item.get("arguments", "")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}}
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            function = {"name": item["name"], "arguments": arguments}
+            call = {"id": item["call_id"], "type": "function", "function": function}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # same assistant turn as its text
@@ -85,7 +86,8 @@ def input_messages(instructions: str | None, items: str | list) -> list[dict]:
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise ProxyError(400, f"{where}.call_id must be a string", "invalid_type")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _tool_output(item.get("output", ""))})
+            output = _tool_output(item.get("output", ""))
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         else:
             logger.debug("dropping input item of type %r (reasoning or hosted tool)", kind)
     return messages
@@ -162,14 +164,17 @@ class ResponsesAdapter(Adapter):
     # --- answers -------------------------------------------------------------------------------------
 
     def _message_item(self, text: str, status: str = "completed") -> dict:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-        return {"type": "message", "id": f"msg_{self.base_id}", "status": status, "role": "assistant", "content": content}
+        done = status == "completed"
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if done else []
+        return {"type": "message", "id": f"msg_{self.base_id}", "status": status, "role": "assistant",
+                "content": content}
 
     def _call_item(self, index: int, call: dict, status: str = "completed") -> dict:
         function = call.get("function") or {}
-        return {"type": "function_call", "id": f"fc_{self.base_id}_{index}", "call_id": call.get("id") or f"call_{self.base_id}_{index}",
-                "name": function.get("name", ""), "arguments": function.get("arguments", "") if status == "completed" else "",
-                "status": status}
+        arguments = function.get("arguments", "") if status == "completed" else ""
+        return {"type": "function_call", "id": f"fc_{self.base_id}_{index}",
+                "call_id": call.get("id") or f"call_{self.base_id}_{index}", "name": function.get("name", ""),
+                "arguments": arguments, "status": status}
 
     def _envelope(self, status: str, output: list, usage: dict | None, incomplete: bool = False) -> dict:
         body = self.request
@@ -198,7 +203,8 @@ class ResponsesAdapter(Adapter):
         output = [self._message_item(message["content"])] if message.get("content") else []
         output += [self._call_item(i, call) for i, call in enumerate(message.get("tool_calls") or ())]
         incomplete = choices[0].get("finish_reason") == "length"
-        return self._envelope("incomplete" if incomplete else "completed", output, self._usage(answer.get("usage")), incomplete)
+        status = "incomplete" if incomplete else "completed"
+        return self._envelope(status, output, self._usage(answer.get("usage")), incomplete)
 
     async def events(self, chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         counter = itertools.count()
@@ -250,7 +256,8 @@ class ResponsesAdapter(Adapter):
             part = {"type": "output_text", "text": full, "annotations": [], "logprobs": []}
             yield event("response.output_text.done", item_id=msg_id, output_index=opened["text"], content_index=0,
                         text=full, logprobs=[])
-            yield event("response.content_part.done", item_id=msg_id, output_index=opened["text"], content_index=0, part=part)
+            yield event("response.content_part.done", item_id=msg_id, output_index=opened["text"], content_index=0,
+                        part=part)
             yield event("response.output_item.done", output_index=opened["text"], item=self._message_item(full))
         for index, slot in calls.items():
             slot["function"]["arguments"] = "".join(args.get(index, ()))
