@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import IntegrityError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -20,6 +21,9 @@ def exception_handler(exc, context):
         return _respond(status.HTTP_400_BAD_REQUEST, "not_owned", str(exc))
     if isinstance(exc, ServiceError):
         return _respond(status.HTTP_400_BAD_REQUEST, "invalid", str(exc))
+    if isinstance(exc, IntegrityError):  # a race past the serializers' checks, e.g. two creates of one name
+        return _respond(status.HTTP_409_CONFLICT, "conflict", "the change conflicts with data saved meanwhile "
+                        "(a name already taken?); reload and try again")
     response = drf_handler(exc, context)
     if response is None:
         return None

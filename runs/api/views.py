@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import django_filters
-from django.db import IntegrityError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -24,43 +23,29 @@ class OwnedViewSet(viewsets.GenericViewSet):
         return selectors.owned(self.queryset.all(), self.request.user)
 
 
-def _unique_name(exc: IntegrityError, name: str) -> serializers.ValidationError:
-    return serializers.ValidationError({"name": [f"you already have one named {name!r}"]})
+class ServiceWrites:
+    """create/update through the services named on the viewset (names are checked in the serializers)."""
+
+    create_service = update_service = None
+
+    def perform_create(self, serializer):
+        serializer.instance = type(self).create_service(self.request.user, **serializer.validated_data)
+
+    def perform_update(self, serializer):
+        serializer.instance = type(self).update_service(serializer.instance, **serializer.validated_data)
 
 
-class HarnessViewSet(OwnedViewSet, viewsets.ModelViewSet):
+class HarnessViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     queryset = Harness.objects.all()
     serializer_class = s.HarnessSerializer
     filterset_fields = ["executor"]
-
-    def perform_create(self, serializer):
-        try:
-            serializer.instance = services.create_harness(self.request.user, **serializer.validated_data)
-        except IntegrityError as exc:
-            raise _unique_name(exc, serializer.validated_data["name"]) from exc
-
-    def perform_update(self, serializer):
-        try:
-            serializer.instance = services.update_harness(serializer.instance, **serializer.validated_data)
-        except IntegrityError as exc:
-            raise _unique_name(exc, serializer.validated_data.get("name", "")) from exc
+    create_service, update_service = services.create_harness, services.update_harness
 
 
-class RewardScriptViewSet(OwnedViewSet, viewsets.ModelViewSet):
+class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     queryset = RewardScript.objects.all()
     serializer_class = s.RewardScriptSerializer
-
-    def perform_create(self, serializer):
-        try:
-            serializer.instance = services.create_reward_script(self.request.user, **serializer.validated_data)
-        except IntegrityError as exc:
-            raise _unique_name(exc, serializer.validated_data["name"]) from exc
-
-    def perform_update(self, serializer):
-        try:
-            serializer.instance = services.update_reward_script(serializer.instance, **serializer.validated_data)
-        except IntegrityError as exc:
-            raise _unique_name(exc, serializer.validated_data.get("name", "")) from exc
+    create_service, update_service = services.create_reward_script, services.update_reward_script
 
     @extend_schema(request=s.RewardTestSerializer, responses=s.RewardTestResultSerializer)
     @action(detail=True, methods=["post"])
@@ -86,13 +71,10 @@ class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
         upload.is_valid(raise_exception=True)
         data = upload.validated_data
         file = data["file"]
-        try:
-            dataset = services.create_dataset(
-                request.user, name=data["name"], description=data["description"], content=file.read(),
-                filename=file.name or "", split_field=data["split_field"], val_ratio=data["val_ratio"],
-                seed=data["seed"], required_fields=data["required_fields"])
-        except IntegrityError as exc:
-            raise _unique_name(exc, data["name"]) from exc
+        dataset = services.create_dataset(
+            request.user, name=data["name"], description=data["description"], content=file.read(),
+            filename=file.name or "", split_field=data["split_field"], val_ratio=data["val_ratio"],
+            seed=data["seed"], required_fields=data["required_fields"])
         return Response(s.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 
