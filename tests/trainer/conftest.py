@@ -23,3 +23,11 @@ def random_samples():
     return [make_sample([rng.randrange(64) for _ in range(rng.randint(1, 12))],
                         [rng.randrange(64) for _ in range(rng.randint(1, 8))], logprob=-4.0, seq=i)
             for i in range(10)]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A deterministic tiny Qwen2 model folder (seed 0): safetensors, tokenizer, ChatML template."""
+    from trainer.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", seed=0)
