@@ -173,10 +173,13 @@ def test_copy_weights_replaces_shards_with_the_checkpoint(tiny_model_dir, tmp_pa
     (served / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    save_file({"model.norm.weight": torch.zeros(128)}, ckpt / "model.safetensors")
+    save_file({"model.norm.weight": torch.zeros(128), "model.embed_tokens.weight": torch.ones(1024, 128)},
+              ckpt / "model.safetensors")  # a tied checkpoint: no lm_head.weight
     copy_weights(served, ckpt)
     assert sorted(p.name for p in served.glob("*.safetensors*")) == ["model.safetensors"]
-    assert torch.equal(load_file(served / "model.safetensors")["model.norm.weight"], torch.zeros(128))
+    copied = load_file(served / "model.safetensors")
+    assert torch.equal(copied["model.norm.weight"], torch.zeros(128))
+    assert torch.equal(copied["lm_head.weight"], torch.ones(1024, 128))  # the untied head follows the embedding
 
 
 async def test_an_external_engine_refuses_weight_sync_clearly():

@@ -109,23 +109,17 @@ def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"]) -> 
     return model_dir / WEIGHTS_FILE
 
 
-def copy_weights(model_dir: str | Path, checkpoint_dir: str | Path) -> None:
-    """Atomically replace the folder's safetensors with those of a checkpoint folder."""
-    model_dir, checkpoint_dir = Path(model_dir), Path(checkpoint_dir)
-    files = sorted(checkpoint_dir.glob("*.safetensors"))
+def copy_weights(model_dir: str | Path, checkpoint_dir: str | Path) -> Path:
+    """Replace the folder's safetensors with a checkpoint folder's (through write_weights: head and shards)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors in {checkpoint_dir}")
-    for src in files:
-        fd, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".tmp", dir=model_dir)
-        os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, model_dir / src.name)
-    keep = {f.name for f in files}
-    index = checkpoint_dir / f"{WEIGHTS_FILE}.index.json"
-    if index.exists():
-        shutil.copyfile(index, model_dir / index.name)
-        keep.add(index.name)
-    _drop_other_shards(model_dir, keep=keep)
+    state = {}
+    for path in files:
+        state.update(load_file(path))
+    return write_weights(model_dir, state)
 
 
 def _checkpoint_name(key: str) -> str:
