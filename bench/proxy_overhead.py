@@ -204,8 +204,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
     parser.add_argument("--calls", type=int, default=4, help="calls per client per mode and round (plus one warm-up)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all paths, interleaved")
-    parser.add_argument("--latency", type=float, default=0.5, help="fake engine seconds before the answer")
-    parser.add_argument("--chunk-delay", type=float, default=0.02, help="fake engine seconds between stream chunks")
+    # The engine's pace sets the offered load: 64 clients at 0.3 s per answer offer about 200 calls/s, more than
+    # a real engine serving 64 agents, and well past what one LiteLLM worker sustains.
+    parser.add_argument("--latency", type=float, default=0.3, help="fake engine seconds before the answer")
+    parser.add_argument("--chunk-delay", type=float, default=0.015, help="fake engine seconds between stream chunks")
     parser.add_argument("--skip-litellm", action="store_true", help="measure direct and our proxy only")
     parser.add_argument("--serve", choices=["fake", "proxy"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -255,22 +257,24 @@ def main() -> None:
               f"logs in {logs}", flush=True)
         servers = {"direct": fake, "ours": ours, **({"litellm": lite} if "litellm" in paths else {})}
         results: dict[str, list[PathResult]] = {name: [] for name in paths}
-        cpu: dict[str, float] = {name: 0.0 for name in paths}
+        cpu: dict[tuple[str, bool], float] = {(name, stream): 0.0 for name in paths for stream in (False, True)}
         for _ in range(args.rounds):  # interleaved, so a change in background load hits every path alike
             for name, (url_for, headers_for) in paths.items():
                 for stream in (False, True):
                     before = group_cpu_s(servers[name].pid)
                     load = run_load(name, url_for, headers_for, args.clients, args.calls, stream)
                     results[name].append(asyncio.run(load))
-                    cpu[name] += group_cpu_s(servers[name].pid) - before
+                    cpu[name, stream] += group_cpu_s(servers[name].pid) - before
 
         for name, runs in results.items():
             for stream in (False, True):
                 mine = [r for r, s in zip(runs, itertools.cycle((False, True))) if s == stream]
                 merged = PathResult(name, [x for r in mine for x in r.latencies], sum(r.wall_s for r in mine),
                                     sum(r.errors for r in mine))
+                per_call = 1000 * cpu[name, stream] / (args.rounds * args.clients * (args.calls + 1))
                 print(f"{name:8s} {'stream' if stream else 'whole ':6s}  p50 {merged.pct(0.5):7.1f} ms  "
-                      f"p99 {merged.pct(0.99):7.1f} ms  {merged.calls_per_s:7.1f} calls/s  errors {merged.errors}")
+                      f"p99 {merged.pct(0.99):7.1f} ms  {merged.calls_per_s:7.1f} calls/s  "
+                      f"server CPU {per_call:5.2f} ms/call  errors {merged.errors}")
 
         def throughput(name: str) -> float:  # calls/s over both modes together
             runs = results[name]
@@ -280,7 +284,7 @@ def main() -> None:
         for name in results:
             note = " (the fake engine itself)" if name == "direct" else " (proxy process; the fake engine not counted)"
             print(f"{name:8s} total {throughput(name):7.1f} calls/s; "
-                  f"server CPU {1000 * cpu[name] / per_path:6.2f} ms/call{note}")
+                  f"server CPU {1000 * (cpu[name, False] + cpu[name, True]) / per_path:6.2f} ms/call{note}")
         recorded = httpx.get(f"http://127.0.0.1:{proxy_port}/bench/recorded").json()
         errors = sum(r.errors for runs in results.values() for r in runs)
         vs_direct = throughput("ours") / throughput("direct")
