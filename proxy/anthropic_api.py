@@ -152,6 +152,10 @@ class MessagesAdapter(Adapter):
         check_field(body, "tool_choice", dict)
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
 
+    @property
+    def has_tools(self) -> bool:
+        return bool(self.tools)
+
     def upstream_body(self, served_model: str, upstream_stream: bool) -> dict:
         body = self.request
         out: dict = {"model": served_model, "messages": self.messages, "max_tokens": body["max_tokens"],

@@ -15,7 +15,7 @@ from starlette.routing import Route, Router
 
 from proxy import sse
 from proxy.anthropic_api import MessagesAdapter
-from proxy.assemble import Accumulator, chunks_from_answer, extract_tokens
+from proxy.assemble import Accumulator, Tokens, chunks_from_answer, extract_tokens
 from proxy.auth import key_matches, presented_key
 from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
 from proxy.gate import Gate
@@ -65,6 +65,8 @@ class _Call:
             self.done = True
             self.proxy.gate.exit()
         tokens = extract_tokens(answer)
+        if status == 200 and error is None and (error := _token_gap(answer, tokens)):
+            logger.warning("rollout %s seq %s: %s", self.rollout_id, self.seq, error)
         return RecordedCall(
             rollout_id=self.rollout_id, seq=self.seq, api=self.adapter.api, request=self.adapter.request,
             response=response, upstream_request=self.upstream_body, prompt_ids=tokens.prompt_ids,
@@ -73,6 +75,17 @@ class _Call:
             policy_version=self.policy_version, error=error, stream=self.adapter.stream,
             started_at=self.started_at, upstream_response=answer,
         )
+
+
+def _token_gap(answer: dict, tokens: Tokens) -> str | None:
+    """Why the captured ids cannot be the whole completion (usage disagrees), or None when they can."""
+    expected = (answer.get("usage") or {}).get("completion_tokens")
+    if expected is None or len(answer.get("choices") or ()) != 1:
+        return None
+    if len(tokens.completion_ids) == expected == len(tokens.logprobs):
+        return None
+    return (f"incomplete token capture: the engine reported {expected} completion tokens but returned "
+            f"{len(tokens.completion_ids)} token ids and {len(tokens.logprobs)} logprobs")
 
 
 class _CallStream(StreamingResponse):
@@ -194,7 +207,8 @@ class ProxyApp:
             try:
                 info = await self._rollout(request)
                 adapter = adapter_cls(await self._read_json(request))
-                upstream_stream = adapter.stream and self.config.stream
+                upstream_stream = adapter.stream and self.config.stream and (
+                    self.config.stream_with_tools or not adapter.has_tools)
                 upstream_body = adapter.upstream_body(self.config.served_model, upstream_stream)
                 await self.gate.enter()
             except ProxyError as exc:

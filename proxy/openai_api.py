@@ -26,6 +26,11 @@ class Adapter:
     def validate(self) -> None:
         """Check the fields this adapter acts on; raise ProxyError(400) naming the field."""
 
+    @property
+    def has_tools(self) -> bool:
+        """Whether the engine is offered tools (then the proxy asks for whole answers, see UpstreamConfig)."""
+        return bool(self.request.get("tools"))
+
     def upstream_body(self, served_model: str, upstream_stream: bool) -> dict:
         raise NotImplementedError
 

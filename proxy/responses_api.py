@@ -135,6 +135,10 @@ class ResponsesAdapter(Adapter):
         self.base_id = uuid.uuid4().hex[:24]
         self.created_at = int(time.time())
 
+    @property
+    def has_tools(self) -> bool:
+        return bool(self.tools)
+
     def upstream_body(self, served_model: str, upstream_stream: bool) -> dict:
         body = self.request
         out: dict = {"model": served_model, "messages": self.messages, "return_token_ids": True, "logprobs": True}

@@ -141,6 +141,8 @@ class UpstreamConfig:
     """Connection pools side by side (httpcore's per-request cost grows with the size of one pool)."""
     stream: bool = True
     """Stream from the engine when the harness streams; False asks for whole answers and re-streams them."""
+    stream_with_tools: bool = False
+    """Stream from the engine also for calls offering tools (vLLM's streaming tool parsers can drop token ids)."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):

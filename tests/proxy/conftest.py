@@ -71,7 +71,8 @@ def upstream_stream() -> bool:
 @pytest.fixture
 async def proxy(fake, directory, recorder, upstream_stream):
     """The proxy talking to the fake engine over an in-process ASGI transport."""
-    config = UpstreamConfig(base_url="http://engine/v1", served_model=SERVED, stream=upstream_stream)
+    config = UpstreamConfig(base_url="http://engine/v1", served_model=SERVED, stream=upstream_stream,
+                            stream_with_tools=upstream_stream)
     app = create_app(directory, recorder, config, policy_version=3, max_body_bytes=64 * 1024,
                      pause_wait_s=0.2, retry_after_s=2, transport=httpx.ASGITransport(app=fake))
     yield app
@@ -90,7 +91,8 @@ async def client(proxy):
 async def live(fake, directory, recorder, upstream_stream):
     """Fake engine and proxy on real sockets (for SDKs and real streaming); yields (proxy, base url of r1)."""
     async with LiveServer(fake) as engine:
-        config = UpstreamConfig(base_url=engine.url + "/v1", served_model=SERVED, stream=upstream_stream)
+        config = UpstreamConfig(base_url=engine.url + "/v1", served_model=SERVED, stream=upstream_stream,
+                                stream_with_tools=upstream_stream)
         app = create_app(directory, recorder, config, policy_version=3, pause_wait_s=0.2)
         async with LiveServer(app) as server:
             yield app, server.url + "/rollouts/r1"

@@ -38,12 +38,12 @@ def render_chat(messages: list[dict], tools: list | None = None) -> list[int]:
     for m in messages:
         body = _text_of(m.get("content"))
         for call in m.get("tool_calls") or ():
-            body += _tool_text(call["function"]["name"], call["function"]["arguments"])
+            body += tool_text(call["function"]["name"], call["function"]["arguments"])
         ids += [IM_START] + encode(f"{m['role']}\n{body}") + [IM_END] + encode("\n")
     return ids + [IM_START] + encode("assistant\n")
 
 
-def _tool_text(name: str, arguments: str) -> str:
+def tool_text(name: str, arguments: str) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
@@ -62,6 +62,7 @@ class Fault:
     status: int = 0
     stall_s: float = 0.0
     cut_stream_after: int = -1  # stream: drop the connection after this many chunks
+    drop_tool_ids: bool = False  # stream: tool-call chunks without token ids (a streaming tool parser's bug)
 
 
 class FakeVLLM:
@@ -93,7 +94,7 @@ class FakeVLLM:
     @staticmethod
     def _generate(reply: Reply, body: dict) -> tuple[str, list[int], str, str | None]:
         """Raw generated text, its ids (with <|im_end|> on stop), finish reason, matched stop string."""
-        raw = reply.text + "".join(_tool_text(n, a) for n, a in reply.tool_calls)
+        raw = reply.text + "".join(tool_text(n, a) for n, a in reply.tool_calls)
         finish, matched = ("tool_calls" if reply.tool_calls else "stop"), None
         stops = body.get("stop") or []
         for stop in [stops] if isinstance(stops, str) else stops:
@@ -132,7 +133,7 @@ class FakeVLLM:
         prompt_ids = render_chat(body["messages"], body.get("tools"))
         reply = self._reply(body, _text_of(body["messages"][-1].get("content")))
         if not body.get("tools"):
-            reply = Reply(reply.text + "".join(_tool_text(n, a) for n, a in reply.tool_calls))
+            reply = Reply(reply.text + "".join(tool_text(n, a) for n, a in reply.tool_calls))
         raw, ids, finish, matched = self._generate(reply, body)
         calls = [] if finish == "length" else reply.tool_calls
         text = decode(encode(raw)) if not calls else (reply.text or None)
@@ -173,7 +174,7 @@ class FakeVLLM:
             raw = encode(text)
             pieces += [({"content": decode(raw[i:i + n])}, raw[i:i + n]) for i in range(0, len(raw), n)]
         for k, (name, args) in enumerate(calls):
-            call_ids = encode(_tool_text(name, args))
+            call_ids = [] if isinstance(fault, Fault) and fault.drop_tool_ids else encode(tool_text(name, args))
             half = len(args) // 2
             pieces.append(({"tool_calls": [{"index": k, "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
                                               "function": {"name": name, "arguments": ""}}]}, call_ids[: len(call_ids) // 2]))
@@ -188,7 +189,10 @@ class FakeVLLM:
                 await asyncio.sleep(self.chunk_delay_s)
             yield chunk(delta, token_ids, position)
             position += len(token_ids)
-        yield chunk({}, ids[emitted:], position, finish, stop_reason=matched)
+        rest = ids[emitted:]
+        if isinstance(fault, Fault) and fault.drop_tool_ids:
+            rest = [t for t in rest[-1:] if t == IM_END]
+        yield chunk({}, rest, position, finish, stop_reason=matched)
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n".encode()

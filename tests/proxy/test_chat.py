@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import httpx
 import openai
 import pytest
 
 from tests.proxy.conftest import SERVED
-from tests.proxy.fake_upstream import IM_END, Reply, decode, encode, render_chat
+from tests.proxy.fake_upstream import IM_END, Fault, Reply, decode, encode, render_chat, tool_text
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -147,3 +149,29 @@ async def test_it_serves_a_tool_round_trip_through_the_openai_sdk(live, fake, re
     assert [c.seq for c in recorder.calls] == [0, 1]
     assert recorder.calls[1].request["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "/tmp"}
     assert recorder.calls[1].prompt_ids == render_chat(recorder.calls[1].upstream_request["messages"], TOOLS)
+
+
+async def test_it_asks_the_engine_for_whole_answers_when_tools_are_offered(proxy, fake, recorder):
+    proxy.config = replace(proxy.config, stream_with_tools=False)  # the default
+    fake.replies.append(Reply(tool_calls=[("bash", '{"cmd": "ls"}')]))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy), base_url="http://proxy/rollouts/r1/v1",
+                                 headers={"authorization": "Bearer s1"}) as c:
+        r = await c.post("/chat/completions", json={"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True})
+
+    assert "stream" not in fake.requests[-1]
+    chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert recorder.calls[0].stream is True and recorder.calls[0].error is None
+
+
+async def test_it_flags_a_call_whose_token_ids_the_engine_left_incomplete(client, fake, recorder):
+    fake.faults.append(Fault(drop_tool_ids=True))
+    fake.replies.append(Reply(text="ok", tool_calls=[("bash", '{"cmd": "ls"}')]))
+    r = await client.post("/chat/completions", json={"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True})
+
+    assert r.status_code == 200
+    [call] = recorder.calls
+    assert call.status_code == 200 and call.completion_ids == encode("ok") + [IM_END]
+    total = len(encode("ok" + tool_text("bash", '{"cmd": "ls"}'))) + 1
+    assert call.error == (f"incomplete token capture: the engine reported {total} completion tokens but returned "
+                          "3 token ids and 3 logprobs")
