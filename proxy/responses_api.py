@@ -270,8 +270,9 @@ class ResponsesAdapter(Adapter):
                         arguments=item["arguments"], name=item["name"])
             yield event("response.output_item.done", output_index=opened[index], item=item)
         final = self.response(acc.result())
-        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        yield event(kind, response=final)
+        # Always `response.completed`, a length cut showing as status "incomplete": harnesses and the SDK's stream
+        # helper wait for that event, and a missing one fails the turn (`response.incomplete` is newer).
+        yield event("response.completed", response=final)
 
     def stream_error(self, status: int, message: str) -> bytes:
         error_type = error_types(status)[0]

@@ -121,3 +121,13 @@ async def test_it_streams_events_the_openai_sdk_assembles(live, fake, recorder, 
     assert call.stream is True and call.response["output"][1]["arguments"] == '{"cmd": "pwd"}'
     assert call.response["id"] == final.id
     assert call.completion_ids == encode('Running it.<tool_call>{"name": "bash", "arguments": "{\\"cmd\\": \\"pwd\\"}"}</tool_call>') + [IM_END]
+
+
+async def test_it_ends_a_cut_stream_with_response_completed_marked_incomplete(client, recorder):
+    r = await client.post("/responses", json={"model": "m", "input": "hi", "max_output_tokens": 3, "stream": True})
+
+    events = [json.loads(block.split("data: ", 1)[1]) for block in r.text.split("\n\n") if "data: " in block]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["status"] == "incomplete" and events[-1]["response"]["output"][0]["content"][0]["text"] == "Hel"
+    assert recorder.calls[0].response == events[-1]["response"]

@@ -86,3 +86,22 @@ async def test_it_records_template_ids_for_a_translated_anthropic_stream(proxied
     text = "".join(block["text"] for block in call.response["content"] if block["type"] == "text")
     assert tokenizer.decode(call.completion_ids, skip_special_tokens=True) == text
     assert call.response["usage"]["output_tokens"] == len(call.completion_ids)
+
+
+async def test_it_records_template_ids_for_a_responses_call_with_tools(proxied, tiny):
+    http, recorder = proxied
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    tool = {"type": "function", "name": "bash", "description": "run a command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+    sdk = openai.AsyncOpenAI(base_url="http://proxy/rollouts/r1/v1", api_key="s1", http_client=http, max_retries=0)
+
+    async with sdk.responses.stream(model="gpt-5-codex", instructions=MESSAGES[0]["content"], input=MESSAGES[1]["content"],
+                                    tools=[tool], max_output_tokens=16, temperature=0.0) as stream:
+        final = await stream.get_final_response()
+
+    [call] = recorder.calls
+    assert call.status_code == 200 and call.error is None
+    chat_tool = {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")}}
+    assert call.prompt_ids == tokenizer.apply_chat_template(MESSAGES, tools=[chat_tool], add_generation_prompt=True,
+                                                            tokenize=True, return_dict=False)
+    assert call.response["id"] == final.id and len(call.logprobs) == len(call.completion_ids)
