@@ -165,6 +165,9 @@ class MessagesAdapter(Adapter):
                 out[key] = body[key]
         if self.stop_sequences:
             out["stop"] = self.stop_sequences
+        last = self.messages[-1] if self.messages else {}
+        if last.get("role") == "assistant" and not last.get("tool_calls"):
+            out["continue_final_message"], out["add_generation_prompt"] = True, False  # a prefilled reply
         if self.tools:
             out["tools"] = self.tools
             choice = body.get("tool_choice") or {}

@@ -16,7 +16,7 @@ from starlette.routing import Route, Router
 from proxy import sse
 from proxy.anthropic_api import MessagesAdapter
 from proxy.assemble import Accumulator, Tokens, chunks_from_answer, extract_tokens
-from proxy.auth import key_matches, presented_key
+from proxy.auth import any_key_matches, presented_keys
 from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
 from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
@@ -174,7 +174,7 @@ class ProxyApp:
         info = await self.directory.get(request.path_params["rollout_id"])
         if info is None:
             raise ProxyError(404, f"unknown rollout '{request.path_params['rollout_id']}'", "rollout_not_found")
-        if not key_matches(presented_key(request), info.secret_hash):
+        if not any_key_matches(presented_keys(request), info.secret_hash):
             raise ProxyError(401, "missing or invalid API key for this rollout", "invalid_api_key")
         if info.finished:
             raise ProxyError(409, f"rollout '{info.rollout_id}' is finished", "rollout_finished")

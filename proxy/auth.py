@@ -12,17 +12,22 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-def presented_key(request: Request) -> str | None:
-    """The API key from `Authorization: Bearer <key>` or `x-api-key`, whichever is present."""
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
+def presented_keys(request: Request) -> list[str]:
+    """The API keys sent as `Authorization: Bearer <key>` and/or `x-api-key` (Anthropic clients may send both)."""
+    keys = []
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    key = request.headers.get("x-api-key", "").strip()
-    return key or None
+        keys.append(token.strip())
+    if request.headers.get("x-api-key", "").strip():
+        keys.append(request.headers["x-api-key"].strip())
+    return keys
 
 
 def key_matches(key: str | None, secret_hash: str) -> bool:
     if not key:
         return False
     return hmac.compare_digest(hash_secret(key), secret_hash)
+
+
+def any_key_matches(keys: list[str], secret_hash: str) -> bool:
+    return any([key_matches(key, secret_hash) for key in keys])  # a list: compare every key, in constant time

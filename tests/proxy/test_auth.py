@@ -76,3 +76,11 @@ async def test_it_never_lets_one_rollout_write_into_another(proxy, recorder):
     assert (r.status_code, w.status_code, own.status_code) == (401, 401, 200)
     assert [(c.rollout_id, c.seq) for c in recorder.calls] == [("r2", 5)]
     assert recorder.rewards == []
+
+
+async def test_it_accepts_the_right_key_in_either_header_when_both_are_sent(proxy, recorder):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy), base_url="http://proxy") as c:
+        r = await c.post("/rollouts/r1/v1/messages", json=MESSAGES,
+                         headers={"authorization": "Bearer placeholder", "x-api-key": "s1"})
+
+    assert r.status_code == 200 and [c.rollout_id for c in recorder.calls] == ["r1"]

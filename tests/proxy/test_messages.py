@@ -108,3 +108,13 @@ async def test_it_streams_events_the_anthropic_sdk_assembles(live, fake, recorde
     [call] = recorder.calls
     assert call.stream is True and call.response["content"][1]["input"] == {"cmd": "pwd"}
     assert call.response["id"] == final.id and call.completion_ids[-1] == IM_END
+
+
+async def test_it_continues_a_prefilled_assistant_turn(client, fake, recorder):
+    r = await client.post("/messages", json={"model": "c", "max_tokens": 20, "messages": [
+        {"role": "user", "content": "Answer in JSON."}, {"role": "assistant", "content": "{"}]})
+
+    assert r.status_code == 200
+    sent = fake.requests[-1]
+    assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
