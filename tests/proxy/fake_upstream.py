@@ -43,6 +43,10 @@ def render_chat(messages: list[dict], tools: list | None = None) -> list[int]:
     return ids + [IM_START] + encode("assistant\n")
 
 
+def usage(prompt_ids: list[int], ids: list[int]) -> dict:
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+
+
 def tool_text(name: str, arguments: str) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
@@ -117,7 +121,8 @@ class FakeVLLM:
         if fault.stall_s:
             await asyncio.sleep(fault.stall_s)
         if fault.status:
-            body = {"error": {"message": f"fake engine error {fault.status}", "type": "BadRequestError" if fault.status < 500 else "InternalServerError", "code": fault.status}}
+            kind = "BadRequestError" if fault.status < 500 else "InternalServerError"
+            body = {"error": {"message": f"fake engine error {fault.status}", "type": kind, "code": fault.status}}
             return JSONResponse(body, status_code=fault.status)
         return fault if stream else None
 
@@ -151,7 +156,7 @@ class FakeVLLM:
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": body["model"],
             "choices": [{"index": 0, "message": message, "logprobs": {"content": self._lp_content(ids)},
                          "finish_reason": finish, "stop_reason": matched, "token_ids": ids}],
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)},
+            "usage": usage(prompt_ids, ids),
             "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
         })
 
@@ -168,7 +173,9 @@ class FakeVLLM:
                       "finish_reason": finish_reason, "token_ids": token_ids, **extra}
             return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n".encode()
 
-        yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None, 'finish_reason': None, 'token_ids': []}], 'prompt_token_ids': prompt_ids})}\n\n".encode()
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None,
+                 "token_ids": []}
+        yield f"data: {json.dumps({**head, 'choices': [first], 'prompt_token_ids': prompt_ids})}\n\n".encode()
         pieces: list[tuple[dict, list[int]]] = []
         if text:
             raw = encode(text)
@@ -194,8 +201,7 @@ class FakeVLLM:
             rest = [t for t in rest[-1:] if t == IM_END]
         yield chunk({}, rest, position, finish, stop_reason=matched)
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
-            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n".encode()
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage(prompt_ids, ids)})}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
     async def completions(self, request: Request) -> Response:
@@ -211,12 +217,12 @@ class FakeVLLM:
         raw, ids, finish, matched = self._generate(self._reply(body, decode(prompt_ids)), body)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": body["model"]}
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+        counts = usage(prompt_ids, ids)
         lps = [self.logprob(i) for i in range(len(ids))]
         if not body.get("stream"):
             choice = {"index": 0, "text": raw, "logprobs": {"token_logprobs": lps, "tokens": [], "text_offset": [], "top_logprobs": []},
                       "finish_reason": finish, "stop_reason": matched, "prompt_token_ids": prompt_ids, "token_ids": ids}
-            return JSONResponse({**head, "choices": [choice], "usage": usage})
+            return JSONResponse({**head, "choices": [choice], "usage": counts})
 
         async def stream():
             n = self.chunk_bytes
@@ -225,9 +231,10 @@ class FakeVLLM:
                 choice = {"index": 0, "text": decode(part), "logprobs": {"token_logprobs": lps[i:i + n]}, "finish_reason": None,
                           "token_ids": part, **({"prompt_token_ids": prompt_ids} if i == 0 else {})}
                 yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n".encode()
-            yield f"data: {json.dumps({**head, 'choices': [{'index': 0, 'text': '', 'finish_reason': finish, 'stop_reason': matched, 'token_ids': []}]})}\n\n".encode()
+            last = {"index": 0, "text": "", "finish_reason": finish, "stop_reason": matched, "token_ids": []}
+            yield f"data: {json.dumps({**head, 'choices': [last]})}\n\n".encode()
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n".encode()
+                yield f"data: {json.dumps({**head, 'choices': [], 'usage': counts})}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
