@@ -10,6 +10,6 @@ router.register("tasks", views.TaskViewSet, basename="task")
 router.register("reward-scripts", views.RewardScriptViewSet, basename="rewardscript")
 router.register("runs", views.RunViewSet, basename="run")
 router.register("rollouts", views.RolloutViewSet, basename="rollout")
-router.register("models", views.ModelViewSet, basename="model")
+router.register("models", views.ModelRegistryViewSet, basename="model")
 
 urlpatterns = router.urls

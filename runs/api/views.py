@@ -165,7 +165,7 @@ def _int_param(request, name: str) -> int | None:
         raise serializers.ValidationError({name: [f"must be an integer, got {value!r}"]}) from None
 
 
-class ModelViewSet(viewsets.ViewSet):
+class ModelRegistryViewSet(viewsets.ViewSet):
     """The models registry: model folders under the models dir (imported, built or checkpointed)."""
 
     @extend_schema(responses=s.ModelInfoSerializer(many=True))
