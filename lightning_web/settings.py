@@ -85,6 +85,8 @@ else:
         DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
     except ValueError as exc:
         raise EnvError(f"DATABASE_URL cannot be parsed: {exc}") from exc
+    # Named explicitly: a forked live server (browser tests) would otherwise prefix "test_" a second time.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}"}
 
 REDIS_URL = env_url("REDIS_URL", ("redis", "rediss")) or embedded_redis.ensure_running(DATA_DIR)
 
@@ -162,6 +164,9 @@ LIGHTNING_REWARD_MEMORY_MB = env_int("LIGHTNING_REWARD_MEMORY_MB", 512, minimum=
 LIGHTNING_REWARD_OUTPUT_BYTES = env_int("LIGHTNING_REWARD_OUTPUT_BYTES", 64 * 1024, minimum=1024)
 LIGHTNING_MODELS_DIR = Path(env_str("LIGHTNING_MODELS_DIR") or DATA_DIR / "models").expanduser().resolve()
 LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
+# Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
+LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
+LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)
 
 LOGGING = {
     "version": 1,

@@ -1,7 +1,9 @@
 """Names the channel groups and builds the event dicts that go to websocket clients."""
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -37,6 +39,17 @@ def publish(event: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _send(layer, event)
+    else:  # sync code running on an event loop's thread: async_to_sync refuses there, so send from a helper
+        sender = threading.Thread(target=_send, args=(layer, event), name="publish-event")
+        sender.start()
+        sender.join()
+
+
+def _send(layer, event: dict[str, Any]) -> None:
     try:
         async_to_sync(layer.group_send)(run_group(event["run"]), event)
     except Exception:
