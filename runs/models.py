@@ -47,6 +47,12 @@ class Drift(models.TextChoices):
     FORK = "fork", "Fork"
 
 
+class SampleBuild(models.TextChoices):
+    SINGLE = "single", "One call"
+    MERGED = "merged", "Clean appends merged"
+    REALIGNED = "realigned", "Realigned splice"
+
+
 class Owned(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -236,7 +242,7 @@ class Sample(models.Model):
     logprobs = models.JSONField(default=list, help_text="Behaviour logprobs aligned to token_ids")
     advantage = models.FloatField(default=0.0)
     call_seqs = models.JSONField(default=list, help_text="Seqs of the calls merged into this sample")
-    build = models.CharField(max_length=10, choices=Drift.choices, default=Drift.CLEAN)
+    build = models.CharField(max_length=10, choices=SampleBuild.choices, default=SampleBuild.SINGLE)
     policy_version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 

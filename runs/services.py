@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from runs import events
 from runs.datasets import UploadOptions, parse_tasks
-from runs.models import (Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run, RunEvent,
+from runs.models import (Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run, RunEvent, Sample,
                          RunStatus, Task)
 from runs.registry import UnknownModel, resolve_model
 from runs.sandbox import Limits, ScoreResult, score
@@ -367,3 +367,47 @@ def report_harness_reward(rollout_id: int, reward: float, detail: dict) -> None:
         rollout.reward_detail = {**rollout.reward_detail, "harness": {"reward": float(reward), "detail": detail}}
         rollout.save(update_fields=["reward_detail"])
         emit_event(rollout.run_id, events.ROLLOUT_STATUS, {"rollout": rollout_id, "harness_reward": float(reward)})
+
+
+def start_rollout(rollout_id: int) -> None:
+    Rollout.objects.filter(pk=rollout_id, status=RolloutStatus.PENDING).update(
+        status=RolloutStatus.RUNNING, started_at=timezone.now())
+
+
+def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward_detail: dict, exit_code: int | None,
+                   stdout_tail: str = "", stderr_tail: str = "", error: str = "") -> Rollout:
+    """Close a rollout with its reward and harness output; its calls are refused from now on (409)."""
+    with transaction.atomic():
+        rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
+        rollout.status, rollout.reward, rollout.exit_code = status, reward, exit_code
+        rollout.reward_detail = {**rollout.reward_detail, **reward_detail}
+        rollout.stdout_tail, rollout.stderr_tail, rollout.error = stdout_tail[-16384:], stderr_tail[-16384:], error
+        rollout.finished_at = timezone.now()
+        rollout.save()
+        emit_event(rollout.run_id, events.ROLLOUT_STATUS, {
+            "rollout": rollout.pk, "status": status, "reward": reward, "split": rollout.split, "step": rollout.step,
+            "group": rollout.group, "attempt": rollout.attempt, "error": error[:500]})
+    return rollout
+
+
+def cancel_unfinished_rollouts(run_id: int, error: str) -> int:
+    return Rollout.objects.filter(run_id=run_id, status__in=(RolloutStatus.PENDING, RolloutStatus.RUNNING)).update(
+        status=RolloutStatus.CANCELLED, error=error, finished_at=timezone.now())
+
+
+def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
+                metrics: dict[str, float]) -> None:
+    """Store one training step: its samples, the drift class of every call it read, metrics, step and version."""
+    with transaction.atomic():
+        counts: dict[int, int] = {}
+        rows = []
+        for sample in samples:
+            index = counts.get(sample["rollout_id"], Sample.objects.filter(rollout_id=sample["rollout_id"]).count())
+            counts[sample["rollout_id"]] = index + 1
+            rows.append(Sample(index=index, **sample))
+        Sample.objects.bulk_create(rows)
+        for rollout_id, by_seq in drift.items():
+            for seq, kind in by_seq.items():
+                ModelCall.objects.filter(rollout_id=rollout_id, seq=seq).update(drift=kind)
+        Run.objects.filter(pk=run_id).update(step=step, policy_version=policy_version, updated_at=timezone.now())
+        record_metrics(run_id, step, metrics)

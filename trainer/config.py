@@ -68,6 +68,14 @@ class TrainerConfig:
     """A rollout with reward at least this counts as a pass in the pass-rate metric."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
+    max_model_len: int = 4096
+    """Engine: longest prompt + completion in tokens (vLLM --max-model-len)."""
+    kv_cache_gb: float = 1.0
+    """Engine: KV cache size in GiB."""
+    eval_every: int = 0
+    """Score val tasks (eval/pass@1) every N steps, and before the first and after the last; 0: those two only."""
+    eval_tasks: int = 100
+    """Val tasks per evaluation (the first N of the dataset's val split); 0 turns evaluation off."""
     extra: dict = field(default_factory=dict)
     """Free-form notes carried along with the config (not interpreted)."""
 
@@ -107,9 +115,14 @@ def _check_sizes(c: TrainerConfig) -> None:
     for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(c, name)}; set {name} >= 1")
-    for name in ("loss_norm_tokens", "max_staleness", "groups_in_flight", "checkpoint_every"):
+    for name in ("loss_norm_tokens", "max_staleness", "groups_in_flight", "checkpoint_every", "eval_every",
+                 "eval_tasks"):
         if getattr(c, name) < 0:
             raise ConfigError(f"{name} must not be negative, got {getattr(c, name)}; set {name} >= 0")
+    if c.max_model_len < 16:
+        raise ConfigError(f"max_model_len must be at least 16 tokens, got {c.max_model_len}")
+    if c.kv_cache_gb <= 0:
+        raise ConfigError(f"kv_cache_gb must be positive, got {c.kv_cache_gb}; 1 GiB suits small models on CPU")
 
 
 def _check_names(c: TrainerConfig) -> None:

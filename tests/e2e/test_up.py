@@ -91,16 +91,17 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
             assert dataset.status_code == 201 and dataset.json()["train_count"] == 2
             reward = http.get("/api/v1/reward-scripts/", headers=api).json()["results"][0]
             run = http.post("/api/v1/runs/", headers=api, json={
-                "name": "smoke", "model": "smollm2-135m-instruct", "config": {"steps": 1}, "harness": harness.json()["id"],
+                "name": "smoke", "model": "http://127.0.0.1:9/v1", "config": {"steps": 1}, "harness": harness.json()["id"],
                 "dataset": dataset.json()["id"], "reward_script": reward["id"]})
             assert run.status_code == 201 and run.json()["status"] == "queued"
             deadline, status = time.monotonic() + 60, "queued"
             while time.monotonic() < deadline and status in ("queued", "starting"):
                 time.sleep(0.5)
                 status = http.get(f"/api/v1/runs/{run.json()['id']}/", headers=api).json()["status"]
-            assert status == "failed"  # claimed by the worker through the embedded Redis
+            assert status == "failed"  # claimed by the worker through the embedded Redis, refused with a reason
             events = http.get(f"/api/v1/runs/{run.json()['id']}/events/", headers=api).json()["results"]
             assert [e["payload"]["status"] for e in events] == ["queued", "starting", "failed"]
+            assert "external engine: it cannot be trained" in events[-1]["payload"]["error"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -7,7 +7,7 @@ from celery.contrib.testing.worker import start_worker
 from lightning_web.celery import app
 from runs import services
 from runs.models import Run
-from runs.tasks import NOT_YET, execute_run
+from runs.tasks import execute_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -29,10 +29,11 @@ def worker(test_redis):
         yield
 
 
-def test_a_queued_run_is_claimed_and_ends_with_a_clear_message(alice, make_run, test_redis, worker):
+def test_a_queued_run_is_claimed_and_ends_with_a_clear_message(alice, make_run, test_redis, worker, models_dir):
     run = make_run(alice)  # transactional: the on_commit enqueue really sends the message
-    run = wait_for(run.pk, {"failed"})
-    assert run.error == NOT_YET and run.celery_task_id and run.finished_at
+    run = wait_for(run.pk, {"failed"})  # the registry's `tiny` here has a config but no weights
+    assert run.error == f"model folder {(models_dir / 'tiny').resolve()} holds no *.safetensors weights"
+    assert run.celery_task_id and run.finished_at
     assert list(run.events.values_list("payload__status", flat=True)) == ["queued", "starting", "failed"]
     assert test_redis.llen("runs") == 0
 

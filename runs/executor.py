@@ -1,0 +1,125 @@
+"""Runs one harness attempt as a local subprocess: placeholders filled, scrubbed env, timeout, bounded output."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TAIL_BYTES = 16 * 1024
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one harness run needs: the argv template, its env, the task and where the proxy serves it."""
+
+    command: list[str]
+    env: dict[str, str]
+    timeout_s: float
+    workdir: Path
+    task_id: str
+    task: dict[str, Any]
+    rollout_id: str
+    base_url: str  # the rollout's OpenAI base URL (…/rollouts/<id>/v1)
+    api_key: str
+    model: str = "policy"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int | None
+    timed_out: bool
+    stdout_tail: str
+    stderr_tail: str
+    outcome: dict[str, Any] = field(default_factory=dict)  # what the reward function receives
+    seconds: float = 0.0
+    error: str = ""
+
+
+class LocalExecutor:
+    """One subprocess per attempt, in its own process group so a timeout or cancel kills all it started."""
+
+    async def run(self, attempt: Attempt) -> Outcome:
+        attempt.workdir.mkdir(parents=True, exist_ok=True)
+        task_file, output_file = attempt.workdir / "task.json", attempt.workdir / "output.json"
+        task_file.write_text(json.dumps(attempt.task))
+        values = {"task_file": str(task_file), "output_file": str(output_file), "task_id": attempt.task_id,
+                  "workdir": str(attempt.workdir), "base_url": attempt.base_url, "api_key": attempt.api_key,
+                  "model": attempt.model, "rollout_id": attempt.rollout_id}
+        argv = [arg.format(**values) for arg in attempt.command]
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=attempt.workdir, env=_env(attempt, values), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            return Outcome(None, False, "", "", seconds=0.0, error=f"harness could not start: {exc}")
+        try:
+            stdout, stderr, timed_out = await _collect(proc, attempt.timeout_s)
+        except asyncio.CancelledError:
+            _kill(proc)
+            raise
+        seconds = time.monotonic() - started
+        outcome = _read_outcome(output_file, proc.returncode, stdout)
+        error = f"harness timed out after {attempt.timeout_s:g} s" if timed_out else (
+            f"harness exited with code {proc.returncode}" if proc.returncode else "")
+        return Outcome(proc.returncode, timed_out, stdout, stderr, outcome, seconds, error)
+
+
+def _env(attempt: Attempt, values: dict[str, str]) -> dict[str, str]:
+    """The harness sees its own env and the rollout's endpoint and key, never the app's secrets."""
+    env = {key: os.environ[key] for key in PASSED_ENV if key in os.environ}
+    env.update(HOME=str(attempt.workdir), TMPDIR=str(attempt.workdir))
+    env.update({key: value.format(**values) for key, value in attempt.env.items()})
+    anthropic_base = attempt.base_url.removesuffix("/v1")
+    env.update(OPENAI_BASE_URL=attempt.base_url, OPENAI_API_KEY=attempt.api_key, ANTHROPIC_BASE_URL=anthropic_base,
+               ANTHROPIC_API_KEY=attempt.api_key, LIGHTNING_TASK_FILE=values["task_file"],
+               LIGHTNING_OUTPUT_FILE=values["output_file"], LIGHTNING_ROLLOUT_ID=attempt.rollout_id,
+               LIGHTNING_MODEL=attempt.model)
+    return env
+
+
+async def _collect(proc, timeout_s: float) -> tuple[str, str, bool]:
+    """Read both pipes keeping the last TAIL_BYTES of each; kill the group on timeout."""
+    tails = {"out": bytearray(), "err": bytearray()}
+
+    async def drain(stream, key):
+        while chunk := await stream.read(65536):
+            tails[key] += chunk
+            del tails[key][:-TAIL_BYTES]
+
+    readers = asyncio.gather(drain(proc.stdout, "out"), drain(proc.stderr, "err"), proc.wait())
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(readers), timeout=timeout_s)
+    except asyncio.TimeoutError:
+        timed_out = True
+        _kill(proc)
+        await readers
+    return tails["out"].decode("utf-8", "replace"), tails["err"].decode("utf-8", "replace"), timed_out
+
+
+def _kill(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_outcome(output_file: Path, exit_code: int | None, stdout: str) -> dict[str, Any]:
+    """The harness's output file (a JSON object) plus its exit code and stdout tail."""
+    data: dict[str, Any] = {}
+    if output_file.is_file():
+        try:
+            loaded = json.loads(output_file.read_text()[: 10 * 1024 * 1024])
+            data = loaded if isinstance(loaded, dict) else {"output": loaded}
+        except ValueError:
+            data = {"output_raw": output_file.read_text(errors="replace")[:TAIL_BYTES]}
+    data.setdefault("exit_code", exit_code)
+    data.setdefault("stdout", stdout[-4096:])
+    return data

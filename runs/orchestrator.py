@@ -1,0 +1,249 @@
+"""Drives one run end to end: engine, proxy, harness rollouts, rewards, training steps, evaluation, cancel."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from proxy.app import create_app
+from proxy.server import ProxyServer
+from proxy.types import UpstreamConfig
+from runs import services
+from runs.executor import Attempt, LocalExecutor
+from runs.models import ModelCall, RolloutStatus, Run, RunStatus, Task
+from runs.recorder import DjangoRecorder, cached_directory
+from trainer import scheduler
+from trainer.config import TrainerConfig
+from trainer.samples import CallRecord
+
+logger = logging.getLogger(__name__)
+db = sync_to_async
+
+
+class RunSetupError(RuntimeError):
+    """The run cannot start; the message says what to fix."""
+
+
+class HarnessSource:
+    """The scheduler's RolloutSource: real harness subprocesses behind the proxy, scored by the reward sandbox."""
+
+    def __init__(self, run: Run, config: TrainerConfig, server: ProxyServer, workdir: Path, train_ids: list[int]):
+        self.run, self.config, self.server, self.workdir = run, config, server, workdir
+        self.train_ids, self.executor = train_ids, LocalExecutor()
+        self.finished: asyncio.Queue = asyncio.Queue()
+        self.running: dict[int, list[asyncio.Task]] = {}
+        self.policy_version = 0
+
+    async def launch(self, group: scheduler.GroupRequest) -> None:
+        task_id = random.Random(self.config.seed * 1_000_003 + group.group_id).choice(self.train_ids)
+        task = await db(Task.objects.get)(pk=task_id)
+        attempts = []
+        for attempt in range(group.size):
+            coro = self.attempt(task, "train", group.policy_version, group.group_id, attempt)
+            attempts.append(asyncio.create_task(self._report(group.group_id, coro)))
+        self.running[group.group_id] = attempts
+
+    async def next_finished(self) -> scheduler.RolloutResult:
+        return await self.finished.get()
+
+    async def cancel(self, group_id: int) -> None:
+        for task in self.running.pop(group_id, []):
+            task.cancel()
+
+    async def _report(self, group_id: int, coro) -> None:
+        result = await coro
+        self.finished.put_nowait(result)
+
+    async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int) -> scheduler.RolloutResult:
+        """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls."""
+        rollout, secret = await db(services.create_rollout)(self.run, task=task, split=split, step=version,
+                                                            group=group, attempt=attempt)
+        await db(services.start_rollout)(rollout.pk)
+        harness = self.run.harness_snapshot
+        try:
+            out = await self.executor.run(Attempt(
+                command=harness["command"], env=harness.get("env") or {}, timeout_s=harness["timeout_s"],
+                workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id, task=task.data,
+                rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret))
+        except asyncio.CancelledError:
+            await db(services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
+                                              reward_detail={}, exit_code=None, error="cancelled with its run")
+            raise
+        reward, detail, error = await self._score(task, out)
+        failed = bool(error)
+        await db(services.finish_rollout)(
+            rollout.pk, status=RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED, reward=reward,
+            reward_detail=detail, exit_code=out.exit_code, stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail,
+            error=error)
+        calls = await db(_call_records)(rollout.pk)
+        return scheduler.RolloutResult(group, str(rollout.pk), calls, reward or 0.0, failed=failed, error=error)
+
+    async def _score(self, task: Task, out) -> tuple[float | None, dict, str]:
+        if out.error and out.exit_code is None:
+            return None, {}, out.error
+        script = self.run.reward_snapshot
+        result = await asyncio.to_thread(services.score_reward, script["source"], task.data, out.outcome,
+                                         script["timeout_s"])
+        if not result.ok:
+            return None, {"reward_error": result.error, "reward_output": result.output}, f"reward: {result.error}"
+        return result.reward, result.detail, out.error
+
+
+def _call_records(rollout_id: int) -> tuple[CallRecord, ...]:
+    """Calls the trainer may learn from: answered, with complete token capture."""
+    rows = ModelCall.objects.filter(rollout_id=rollout_id, status_code=200, error="").order_by("seq")
+    return tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
+                            logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
+                            policy_version=c.policy_version)
+                 for c in rows if c.completion_ids and len(c.logprobs) == len(c.completion_ids))
+
+
+def model_folder(run: Run) -> Path:
+    """The run's model as a folder the engine and trainer can load, or RunSetupError saying why not."""
+    info = run.model_info or {}
+    if info.get("origin") == "external":
+        raise RunSetupError(f"{run.model} is an external engine: it cannot be trained (no weight sync); "
+                            "pick a model from the registry")
+    folder = Path(info.get("path") or "")
+    if not (folder / "config.json").is_file():
+        raise RunSetupError(f"model folder {folder} is gone; import the model again (`./lw manage models ...`)")
+    if not any(folder.glob("*.safetensors")):
+        raise RunSetupError(f"model folder {folder} holds no *.safetensors weights")
+    return folder
+
+
+def execute(run_id: int) -> str:
+    """Run a claimed run to its end; returns the final status. Blocking: the Celery task calls it."""
+    return asyncio.run(_execute(run_id))
+
+
+async def _execute(run_id: int) -> str:
+    run = await db(Run.objects.get)(pk=run_id)
+    config = TrainerConfig.from_dict(run.config)
+    folder = model_folder(run)
+    train_ids = await db(lambda: list(run.dataset.tasks.filter(split="train").values_list("pk", flat=True)))() \
+        if run.dataset_id else []
+    if not train_ids:
+        raise RunSetupError("the run's dataset is gone or has no train tasks")
+    workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
+    await _log(run_id, f"starting the engine for {run.model} (vLLM; about a minute on CPU)")
+    from trainer.engine import EngineConfig, managed_engine
+
+    engine_config = EngineConfig(model_path=str(folder), max_model_len=config.max_model_len,
+                                 kv_cache_gb=config.kv_cache_gb, seed=config.seed)
+    with managed_engine(engine_config, workdir / "engine") as engine:
+        if await _cancel_requested(run_id):
+            return await _end(run_id, RunStatus.CANCELLED, "cancelled while starting")
+        await db(services.transition_run)(run_id, RunStatus.RUNNING)
+        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(),
+                         UpstreamConfig(base_url=engine.base_url + "/v1", served_model=engine_config.served_model_name),
+                         policy_version=lambda: engine.version)
+        server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
+        try:
+            return await _train(run, config, folder, engine, server, workdir, train_ids)
+        finally:
+            server.stop()
+
+
+async def _train(run, config, folder, engine, server, workdir, train_ids) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.policy import Policy
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    policy = Policy(model, config)
+    source = HarnessSource(run, config, server, workdir, train_ids)
+    evaluator = Evaluator(run, config, source)
+    await evaluator.maybe(0, force=True)
+
+    async def on_step(report: scheduler.StepReport) -> None:
+        await db(services.record_step)(run.pk, report.policy_version, report.policy_version,
+                                       _sample_rows(report), _drift_rows(report), report.metrics)
+        await _log(run.pk, f"step {report.policy_version}/{config.steps}: reward "
+                           f"{report.metrics.get('reward/mean', float('nan')):.3f}")
+        await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)
+
+    training = asyncio.create_task(scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
+                                                 checkpoint_dir=workdir / "checkpoints"))
+    watcher = asyncio.create_task(_watch_cancel(run.pk, training))
+    try:
+        await training
+    except asyncio.CancelledError:
+        if not watcher.done() or not await _cancel_requested(run.pk):
+            raise
+        await db(services.cancel_unfinished_rollouts)(run.pk, "cancelled with its run")
+        return await _end(run.pk, RunStatus.CANCELLED, "cancelled by its owner")
+    finally:
+        watcher.cancel()
+    checkpoints = sorted((workdir / "checkpoints").glob("step-*"))
+    fields = {"checkpoint_path": str(checkpoints[-1])} if checkpoints else {}
+    await db(services.transition_run)(run.pk, RunStatus.SUCCEEDED, **fields)
+    return RunStatus.SUCCEEDED
+
+
+class Evaluator:
+    """eval/pass@1 on the first `eval_tasks` val tasks, one attempt each, at the policy the engine serves."""
+
+    def __init__(self, run: Run, config: TrainerConfig, source: HarnessSource):
+        self.run, self.config, self.source = run, config, source
+
+    async def maybe(self, step: int, force: bool = False) -> None:
+        every = self.config.eval_every
+        if self.config.eval_tasks == 0 or not (force or (every and step % every == 0)):
+            return
+        tasks = await db(lambda: list(Task.objects.filter(dataset_id=self.run.dataset_id, split="val")
+                                      .order_by("index")[: self.config.eval_tasks]))()
+        if not tasks:
+            return
+        limit = asyncio.Semaphore(max(1, self.config.tasks_per_step * self.config.group_size))
+
+        async def one(index, task):
+            async with limit:
+                return await self.source.attempt(task, "val", step, index, 0)
+
+        results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+        rewards = [r.reward for r in results]
+        passed = [float(r.reward >= self.config.pass_threshold and not r.failed) for r in results]
+        await db(services.record_metrics)(self.run.pk, step, {
+            "eval/pass@1": sum(passed) / len(passed), "eval/reward_mean": sum(rewards) / len(rewards),
+            "eval/tasks": float(len(results))})
+
+
+def _sample_rows(report: scheduler.StepReport) -> list[dict]:
+    return [{"rollout_id": int(t.rollout_id), "token_ids": list(t.sample.token_ids),
+             "loss_mask": list(t.sample.loss_mask), "logprobs": list(t.sample.logprobs), "advantage": t.advantage,
+             "call_seqs": list(t.sample.call_seqs), "build": t.sample.build,
+             "policy_version": max([v for v in t.sample.versions if v >= 0], default=0)}
+            for t in report.samples]
+
+
+def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:
+    return {int(rollout_id): by_seq for rollout_id, by_seq in report.drift.items()}
+
+
+async def _watch_cancel(run_id: int, training: asyncio.Task) -> None:
+    while not training.done():
+        if await _cancel_requested(run_id):
+            training.cancel()
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _cancel_requested(run_id: int) -> bool:
+    return await db(lambda: Run.objects.filter(pk=run_id, status=RunStatus.CANCELLING).exists())()
+
+
+async def _end(run_id: int, status: str, message: str) -> str:
+    await db(services.transition_run)(run_id, status, error=message)
+    return status
+
+
+async def _log(run_id: int, line: str) -> None:
+    logger.info("run %s: %s", run_id, line)
+    await db(services.emit_event)(run_id, "run.log", {"line": line})

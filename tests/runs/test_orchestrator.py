@@ -1,0 +1,112 @@
+"""A whole run on the CPU: vLLM serving a tiny model, real harness subprocesses through the proxy, GRPO steps."""
+import threading
+import time
+
+import pytest
+
+from runs import services
+from runs.models import ModelCall, Rollout, Run, Sample
+from runs.tasks import execute_run
+from trainer.engine import default_engine_venv
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
+    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
+                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
+]
+
+HARNESS = '''
+import json, os, sys, urllib.request
+task = json.load(open(sys.argv[1]))
+
+def chat(messages):
+    body = {"model": "anything", "messages": messages, "max_tokens": 8, "temperature": 1.0}
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                              "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]["message"]["content"]
+
+messages = [{"role": "user", "content": task["question"]}]
+first = chat(messages)
+messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "RESULT: ok"}]
+second = chat(messages)
+json.dump({"reply": second}, open(sys.argv[2], "w"))
+'''
+REWARD = "def reward(task, outcome):\n    return float(len(outcome['reply']) % 2 == 0)\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from trainer.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("orchestrator-models") / "tiny-real", seed=0)
+
+
+@pytest.fixture
+def run_of(alice, tmp_path, tiny_model, settings):
+    settings.LIGHTNING_RUNS_DIR = tmp_path / "runs"
+    (tmp_path / "harness.py").write_text(HARNESS)
+
+    def make(config):
+        harness = services.create_harness(alice, name="two-turns", timeout_s=120,
+                                          command=["python3", str(tmp_path / "harness.py"), "{task_file}",
+                                                   "{output_file}"])
+        tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "{"val" if i < 2 else "train"}"}}'
+                          for i in range(8))
+        dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+        reward = services.create_reward_script(alice, name="even", source=REWARD)
+        return services.create_run(alice, name="cpu-run", model=str(tiny_model), harness=harness, dataset=dataset,
+                                   reward_script=reward, config={"steps": 2, "tasks_per_step": 2, "group_size": 2,
+                                                                 "max_model_len": 512, "kv_cache_gb": 0.5,
+                                                                 "eval_tasks": 2, "learning_rate": 1e-4, **config})
+
+    return make
+
+
+def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
+    run = run_of({})
+    assert execute_run.apply(args=[run.pk]).get() == "succeeded"
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.step == 2 and run.policy_version == 2 and run.error == ""
+    assert run.checkpoint_path.endswith("step-000002") and (tmp_path / "runs" / f"run-{run.pk}").is_dir()
+    train = Rollout.objects.filter(run=run, split="train")
+    assert train.count() == 8 and set(train.values_list("status", flat=True)) == {"succeeded"}
+    assert set(train.values_list("reward", flat=True)) <= {0.0, 1.0}
+    assert Rollout.objects.filter(run=run, split="val").count() == 4  # 2 val tasks before and after training
+    calls = ModelCall.objects.filter(rollout__run=run, rollout__split="train")
+    assert calls.count() == 16 and set(calls.values_list("status_code", flat=True)) == {200}
+    for call in calls:
+        assert call.prompt_ids and call.completion_ids and len(call.logprobs) == len(call.completion_ids)
+    assert set(calls.values_list("drift", flat=True)) <= {"clean", "realign", "fork"}
+    assert calls.filter(drift="clean").exists()  # the second turn extends the first
+    samples = Sample.objects.filter(rollout__run=run)
+    assert samples.exists()
+    for sample in samples:
+        assert len(sample.loss_mask) == len(sample.token_ids) == len(sample.logprobs) and sum(sample.loss_mask) > 0
+        weighted = sum(len(ModelCall.objects.get(rollout=sample.rollout, seq=s).completion_ids)
+                       for s in sample.call_seqs)
+        assert sum(sample.loss_mask) == weighted  # loss weight on exactly the sampled tokens
+    names = set(run.metrics.values_list("name", flat=True))
+    assert {"reward/mean", "loss/policy", "eval/pass@1", "time/train"} <= names
+    assert list(run.metrics.filter(name="eval/pass@1").values_list("step", flat=True)) == [0, 2]
+    assert list(run.metrics.filter(name="reward/mean").values_list("step", flat=True)) == [1, 2]
+    statuses = [e.payload["status"] for e in run.events.filter(kind="run.status")]
+    assert statuses == ["queued", "starting", "running", "succeeded"]
+    assert ModelCall.objects.filter(rollout__run=run, policy_version=1).exists()  # served after the first sync
+
+
+def test_a_running_run_is_cancelled_and_leaves_nothing_running(run_of, alice):
+    run = run_of({"steps": 50})
+    finished = {}
+    worker = threading.Thread(target=lambda: finished.update(status=execute_run.apply(args=[run.pk]).get()))
+    worker.start()
+    deadline = time.monotonic() + 300
+    while Run.objects.get(pk=run.pk).step < 1 and time.monotonic() < deadline and worker.is_alive():
+        time.sleep(0.5)
+    assert Run.objects.get(pk=run.pk).step >= 1
+    services.cancel_run(Run.objects.get(pk=run.pk), alice)
+    worker.join(timeout=120)
+    assert not worker.is_alive() and finished["status"] == "cancelled"
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.error == "cancelled by its owner" and run.step < 50
+    assert not Rollout.objects.filter(run=run, status__in=("pending", "running")).exists()
