@@ -94,6 +94,8 @@ async def _collect(proc, timeout_s: float) -> tuple[str, str, bool]:
             del tails[key][:-TAIL_BYTES]
 
     readers = asyncio.gather(drain(proc.stdout, "out"), drain(proc.stderr, "err"), proc.wait())
+    # A cancelled attempt kills the process and leaves the readers behind: mark their outcome as seen.
+    readers.add_done_callback(lambda done: done.cancelled() or done.exception())
     timed_out = False
     try:
         await asyncio.wait_for(asyncio.shield(readers), timeout=timeout_s)

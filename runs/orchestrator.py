@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 from pathlib import Path
@@ -118,7 +119,13 @@ def model_folder(run: Run) -> Path:
 
 def execute(run_id: int) -> str:
     """Run a claimed run to its end; returns the final status. Blocking: the Celery task calls it."""
-    return asyncio.run(_execute(run_id))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_execute(run_id))
+    # Called from a thread that already runs a loop: give the run a thread and a loop of its own.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{run_id}") as pool:
+        return pool.submit(asyncio.run, _execute(run_id)).result()
 
 
 async def _execute(run_id: int) -> str:

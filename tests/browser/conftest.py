@@ -54,8 +54,9 @@ def live_url(transactional_db, models_dir, tmp_path):
     log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped: Playwright's sync API holds an event loop in this thread until it stops."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
     from playwright.sync_api import sync_playwright
