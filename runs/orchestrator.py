@@ -136,6 +136,9 @@ async def _execute(run_id: int) -> str:
         if run.dataset_id else []
     if not train_ids:
         raise RunSetupError("the run's dataset is gone or has no train tasks")
+    if run.harness_snapshot.get("executor", "local") != "local":
+        raise RunSetupError(f"harness executor {run.harness_snapshot['executor']!r} is not available in this build; "
+                            "use a local harness")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
     await _log(run_id, f"starting the engine for {run.model} (vLLM; about a minute on CPU)")
     from trainer.engine import EngineConfig, managed_engine

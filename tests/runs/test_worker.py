@@ -61,3 +61,18 @@ def test_the_task_does_nothing_for_a_run_already_claimed(alice, make_run):
 
 def test_a_missing_run_is_ignored():
     assert execute_run.apply(args=[999999]).get() == "missing"
+
+
+def test_a_kubernetes_harness_is_refused_with_a_reason(alice, make_dataset, make_reward, tmp_path, settings):
+    from runs.models import Harness
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    harness = services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1")
+    run = services.create_run(alice, name="k8s", model=str(tmp_path / "m"), config={}, harness=harness,
+                              dataset=make_dataset(alice), reward_script=make_reward(alice))
+    assert execute_run.apply(args=[run.pk]).get() == "failed"
+    run.refresh_from_db()
+    assert run.error.startswith("harness executor 'kubernetes' is not available in this build")
+    assert Harness.objects.get(pk=harness.pk).executor == "kubernetes"
