@@ -56,7 +56,14 @@ class HarnessSource:
             task.cancel()
 
     async def _report(self, group_id: int, coro) -> None:
-        result = await coro
+        """Every launched attempt reports, even one that crashed, or its group would never complete."""
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("run %s group %s: an attempt crashed", self.run.pk, group_id)
+            result = scheduler.RolloutResult(group_id, "", (), 0.0, failed=True, error=f"{type(exc).__name__}: {exc}")
         self.finished.put_nowait(result)
 
     async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int) -> scheduler.RolloutResult:
@@ -234,7 +241,7 @@ def _sample_rows(report: scheduler.StepReport) -> list[dict]:
 
 
 def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:
-    return {int(rollout_id): by_seq for rollout_id, by_seq in report.drift.items()}
+    return {int(rollout_id): by_seq for rollout_id, by_seq in report.drift.items() if rollout_id}
 
 
 async def _watch_cancel(run_id: int, training: asyncio.Task) -> None:

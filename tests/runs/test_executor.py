@@ -85,3 +85,4 @@ async def test_a_non_object_output_file_is_kept(tmp_path):
     assert out.outcome["output"] == [1, 2]
     out = await LocalExecutor().run(attempt(tmp_path, "import sys\nopen(sys.argv[2], 'w').write('not json')\n"))
     assert out.outcome["output_raw"] == "not json"
+
