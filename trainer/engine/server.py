@@ -231,6 +231,12 @@ class VLLMServer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             logger.error("vLLM group leader %d still not reaped after SIGKILL", pgid)
+        # SIGKILL is delivered asynchronously: on a busy machine the rest of the group may need a moment to go.
+        deadline = time.monotonic() + 10
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group_alive(pgid):
+            logger.error("vLLM group %d still has live processes 10 s after SIGKILL", pgid)
         _LIVE.discard(self)
         logger.info("vLLM on port %s stopped", self.port)
 
