@@ -354,16 +354,6 @@ class ProxyApp:
         return JSONResponse({"ok": True, "paused": self.gate.paused, "in_flight": self.gate.in_flight})
 
 
-def create_app(
-    directory: RolloutDirectory,
-    recorder: Recorder,
-    upstream: UpstreamConfig,
-    policy_version: Callable[[], int] | int = 0,
-    max_body_bytes: int = 32 * 1024 * 1024,
-    pause_wait_s: float = 30.0,
-    retry_after_s: float = 5.0,
-    transport=None,
-) -> ProxyApp:
-    """The proxy for one run; serve it with uvicorn and `await app.aclose()` when done."""
-    return ProxyApp(directory, recorder, upstream, policy_version, max_body_bytes, pause_wait_s, retry_after_s,
-                    transport)
+create_app = ProxyApp
+"""The proxy for one run: `create_app(directory, recorder, upstream, ...)`; serve it with uvicorn, then
+`await app.aclose()`."""

@@ -303,8 +303,8 @@ def verify_rollout_secret(rollout: Rollout, secret: str) -> bool:
     return bool(rollout.secret_hash) and secrets.compare_digest(rollout.secret_hash, hash_secret(secret or ""))
 
 
-def record_calls(calls) -> int:
-    """Store proxy RecordedCalls as ModelCall rows in one transaction; returns how many were new.
+def record_calls(calls) -> None:
+    """Store proxy RecordedCalls as ModelCall rows in one transaction.
 
     Idempotent on (rollout, seq), so the proxy may retry a batch. One `call.recorded` event per rollout.
     """
@@ -314,13 +314,13 @@ def record_calls(calls) -> int:
         if int(call.rollout_id) not in rollout_runs:
             logger.error("rollout %s seq %s: rollout no longer exists; call dropped", call.rollout_id, call.seq)
     try:
-        return _store_calls(rows, rollout_runs)
+        _store_calls(rows, rollout_runs)
     except DataError:
         # PostgreSQL refuses NUL characters in JSON text; model output may hold them. Store a safe copy.
         logger.warning("a batch of %d calls held text PostgreSQL refuses; storing it with NULs replaced", len(rows))
         for row in rows:
             row.request, row.response = _strip_nul(row.request), _strip_nul(row.response)
-        return _store_calls(rows, rollout_runs)
+        _store_calls(rows, rollout_runs)
 
 
 def _call_row(call) -> ModelCall:
@@ -331,11 +331,9 @@ def _call_row(call) -> ModelCall:
         latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "")
 
 
-def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> int:
+def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:
     with transaction.atomic():
-        before = ModelCall.objects.filter(rollout_id__in={r.rollout_id for r in rows}).count()
         ModelCall.objects.bulk_create(rows, ignore_conflicts=True)
-        stored = ModelCall.objects.filter(rollout_id__in={r.rollout_id for r in rows}).count() - before
         by_rollout: dict[int, list[ModelCall]] = {}
         for row in rows:
             by_rollout.setdefault(row.rollout_id, []).append(row)
@@ -347,7 +345,6 @@ def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> int:
                 "calls": [{"seq": r.seq, "api": r.api, "status": r.status_code, "latency_ms": round(r.latency_ms, 1),
                            "completion_tokens": len(r.completion_ids)} for r in sorted(group, key=lambda r: r.seq)],
             })
-    return stored
 
 
 def _strip_nul(value):
