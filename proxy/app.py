@@ -1,6 +1,7 @@
 """The proxy's ASGI app: routes, admission (auth, gate), the engine round trip and recording."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
 from proxy.recording import RecordingQueue
 from proxy.responses_api import ResponsesAdapter
+from proxy.sampling import enforce_sampling
 from proxy.types import RecordedCall, Recorder, RolloutDirectory, RolloutInfo, UpstreamConfig
 from proxy.upstream import Upstream, UpstreamError
 
@@ -33,6 +35,11 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "responses": ResponsesAdapter,
     "messages": MessagesAdapter,
 }
+
+CLIENT_CLOSED = 499
+"""Status recorded for a call whose harness hung up before it had the whole answer (nginx's code)."""
+NOT_DELIVERED = "client disconnected before the answer was delivered"
+STREAM_INCOMPLETE = "stream incomplete: client disconnected before the stream ended"
 
 
 def _guard(fmt: str, handler: Callable[[Request], Awaitable[Response]]):
@@ -49,21 +56,26 @@ def _guard(fmt: str, handler: Callable[[Request], Awaitable[Response]]):
 
 
 class _Call:
-    """One admitted call: everything known at its start, turned into a RecordedCall at its end."""
+    """One admitted call: everything known at its start, turned into a RecordedCall at its end.
 
-    def __init__(self, proxy: ProxyApp, info: RolloutInfo, adapter: Adapter, upstream_body: dict) -> None:
+    It holds its place in the gate until its record is stored, so `ProxyApp.pause` returns only once every
+    call admitted before it has been recorded.
+    """
+
+    def __init__(self, proxy: ProxyApp, info: RolloutInfo, adapter: Adapter, upstream_body: dict,
+                 sampling_overrides: dict) -> None:
         self.proxy, self.adapter, self.upstream_body = proxy, adapter, upstream_body
+        self.sampling_overrides = sampling_overrides
         self.rollout_id = info.rollout_id
         self.seq = proxy._take_seq(info)
-        self.policy_version = proxy.policy_version
+        self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
-        self.done = False
+        self.done = False  # its record is built
+        self._left = False
 
     def finish(self, status: int, answer: dict | None, response: dict | None, error: str | None) -> RecordedCall:
-        """Leave the gate (once) and build the record."""
-        if not self.done:
-            self.done = True
-            self.proxy.gate.exit()
+        """Build the record; the call leaves the gate once `store` or `submit` has recorded it."""
+        self.done = True
         tokens = extract_tokens(answer)
         if status == 200 and error is None and (error := _token_gap(answer, tokens)):
             logger.warning("rollout %s seq %s: %s", self.rollout_id, self.seq, error)
@@ -73,8 +85,27 @@ class _Call:
             completion_ids=tokens.completion_ids, logprobs=tokens.logprobs, finish_reason=tokens.finish_reason,
             status_code=status, latency_ms=(time.perf_counter() - self._t0) * 1000.0,
             policy_version=self.policy_version, error=error, stream=self.adapter.stream,
-            started_at=self.started_at, upstream_response=answer,
+            started_at=self.started_at, upstream_response=answer, sampling_overrides=self.sampling_overrides,
         )
+
+    def submit(self, record: RecordedCall) -> asyncio.Task:
+        """Record in the background, leaving the gate when done (for paths that may be cancelled)."""
+        return self.proxy.records.submit(record, then=self._leave)
+
+    async def store(self, record: RecordedCall) -> None:
+        """Record, then leave the gate; cancelling the caller does not cancel the record."""
+        await asyncio.shield(self.submit(record))
+
+    def _leave(self) -> None:
+        if not self._left:
+            self._left = True
+            self.proxy.gate.exit()
+
+
+async def _hung_up(receive) -> None:
+    """Return once the client disconnects (its body was read already, so nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _token_gap(answer: dict, tokens: Tokens) -> str | None:
@@ -125,6 +156,7 @@ class ProxyApp:
         self.max_body_bytes = max_body_bytes
         self._policy_version = policy_version
         self._seq: dict[str, int] = {}
+        self.sampling_override_calls = 0  # calls whose harness asked for sampling other than the run's
         base = "/rollouts/{rollout_id}/v1/"
         routes = [Route(base + path, _guard(adapter.error_format, self._endpoint(adapter)), methods=["POST"])
                   for path, adapter in ADAPTERS.items()]
@@ -151,8 +183,13 @@ class ProxyApp:
     def set_policy_version(self, version: int) -> None:
         self._policy_version = int(version)
 
+    @property
+    def busy_seconds(self) -> float:
+        """Wall seconds with at least one engine call in flight (generation time, for the run's metrics)."""
+        return self.gate.busy_seconds
+
     async def pause(self, timeout: float | None = None) -> None:
-        """Hold new calls and return once calls in flight have drained (TimeoutError if they don't)."""
+        """Hold new calls and return once calls in flight have drained and been recorded (TimeoutError if not)."""
         await self.gate.pause(timeout)
 
     async def resume(self) -> None:
@@ -210,13 +247,20 @@ class ProxyApp:
                 upstream_stream = adapter.stream and self.config.stream and (
                     self.config.stream_with_tools or not adapter.has_tools)
                 upstream_body = adapter.upstream_body(self.config.served_model, upstream_stream)
+                overrides: dict = {}
+                if self.config.sampling is not None:  # here, so all four APIs get it on their final engine body
+                    upstream_body, overrides = enforce_sampling(upstream_body, self.config.sampling)
                 await self.gate.enter()
             except ProxyError as exc:
                 return error_response(adapter_cls.error_format, exc)
-            call = _Call(self, info, adapter, upstream_body)
+            call = _Call(self, info, adapter, upstream_body, overrides)
+            if overrides:
+                self.sampling_override_calls += 1
+                logger.debug("rollout %s seq %s: harness sampling %s replaced by the run's", info.rollout_id,
+                             call.seq, overrides)
             if upstream_stream:
                 return await self._stream_from_stream(call)
-            return await self._from_answer(call)
+            return await self._from_answer(call, request.receive)
 
         return endpoint
 
@@ -224,22 +268,46 @@ class ProxyApp:
         message = upstream_error_message(exc.body, exc.message)
         body = error_body(call.adapter.error_format, exc.status, message)
         answer = exc.body if isinstance(exc.body, dict) else None
-        await self.records.record(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
+        await call.store(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
         return JSONResponse(body, status_code=exc.status)
 
-    async def _from_answer(self, call: _Call) -> Response:
+    async def _answer(self, call: _Call, receive) -> tuple[dict, bool]:
+        """The engine's whole answer, and whether the harness hung up while it waited for it.
+
+        The engine request is not cancelled when the harness hangs up: its answer is recorded (status 499,
+        never trained) with the token ids, so the rollout shows what the policy said that the harness never
+        saw. The price is engine time on an answer nobody reads, bounded by the request's max_tokens and
+        UpstreamConfig.read_timeout_s; cancelling would free the engine sooner but leave the record empty.
+        """
+        watcher = asyncio.create_task(_hung_up(receive))
+        try:
+            answer = await self.upstream.post_json(call.adapter.upstream_path, call.upstream_body)
+        finally:
+            left = watcher.done() and not watcher.cancelled() and watcher.exception() is None
+            watcher.cancel()
+        return answer, left
+
+    async def _from_answer(self, call: _Call, receive) -> Response:
+        """A call answered whole by the engine: returned whole, or replayed as a stream when the harness streams.
+
+        A harness that hangs up before the answer is handed over gets a 499 record: only answers the
+        harness received are recorded as 200.
+        """
         adapter = call.adapter
         try:
-            answer = await self.upstream.post_json(adapter.upstream_path, call.upstream_body)
+            answer, left = await self._answer(call, receive)
             response = adapter.response(answer)
         except UpstreamError as exc:
             return await self._failed(call, exc)
         except BaseException:
-            self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
+            call.submit(call.finish(500, None, None, "proxy error while calling the engine"))
             raise
+        if left:
+            await call.store(call.finish(CLIENT_CLOSED, answer, response, NOT_DELIVERED))
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
         record = call.finish(200, answer, response, None)
         if not adapter.stream:
-            await self.records.record(record)
+            await call.store(record)
             return JSONResponse(response)
 
         recorded = False
@@ -249,12 +317,11 @@ class ProxyApp:
             for chunk in chunks_from_answer(answer, adapter.kind):
                 yield chunk
             recorded = True
-            await self.records.record(record)  # before the stream's last event: recorded when the harness sees it end
+            await call.store(record)  # before the stream's last event: recorded when the harness sees it end
 
         async def close() -> None:
             if not recorded:  # the harness left mid-replay: the engine's answer is still worth keeping
-                left = replace(record, status_code=499, error="client disconnected before the stream ended")
-                self.records.submit(left)
+                call.submit(replace(record, status_code=CLIENT_CLOSED, error=STREAM_INCOMPLETE))
 
         return _CallStream(adapter.events(replay()), close)
 
@@ -267,7 +334,7 @@ class ProxyApp:
             await stack.aclose()
             return await self._failed(call, exc)
         except BaseException:
-            self.records.submit(call.finish(500, None, None, "proxy error while calling the engine"))
+            call.submit(call.finish(500, None, None, "proxy error while calling the engine"))
             raise
         acc = Accumulator(adapter.kind)
 
@@ -276,7 +343,7 @@ class ProxyApp:
                 acc.add(chunk)
                 yield chunk
             answer = acc.result()
-            await self.records.record(call.finish(200, answer, adapter.response(answer), None))
+            await call.store(call.finish(200, answer, adapter.response(answer), None))
 
         def end(status: int, error: str) -> RecordedCall | None:
             if call.done:
@@ -285,9 +352,9 @@ class ProxyApp:
             return call.finish(status, answer, adapter.response(answer), error)
 
         async def close() -> None:
-            record = end(499, "client disconnected before the stream ended")
+            record = end(CLIENT_CLOSED, STREAM_INCOMPLETE)
             if record is not None:
-                self.records.submit(record)  # we may be cancelled here: record in the background
+                call.submit(record)  # we may be cancelled here: record in the background
             await stack.aclose()
 
         async def body() -> AsyncIterator[bytes]:
@@ -296,20 +363,21 @@ class ProxyApp:
                     yield piece
             except UpstreamError as exc:
                 message = upstream_error_message(exc.body, exc.message)
-                await self._record_if(end(exc.status, f"{exc.status}: {message} (mid-stream)"))
+                await self._store_if(call, end(exc.status, f"{exc.status}: {message} (mid-stream)"))
                 yield adapter.stream_error(exc.status, message)
             except Exception as exc:
                 logger.exception("rollout %s seq %s: proxy failed mid-stream", call.rollout_id, call.seq)
-                await self._record_if(end(500, f"proxy error mid-stream: {exc!r}"))
+                await self._store_if(call, end(500, f"proxy error mid-stream: {exc!r}"))
                 yield adapter.stream_error(500, "proxy error mid-stream")
             finally:
                 await close()
 
         return _CallStream(body(), close)
 
-    async def _record_if(self, record: RecordedCall | None) -> None:
+    @staticmethod
+    async def _store_if(call: _Call, record: RecordedCall | None) -> None:
         if record is not None:
-            await self.records.record(record)
+            await call.store(record)
 
     # --- other routes --------------------------------------------------------------------------------
 

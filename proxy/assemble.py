@@ -90,6 +90,8 @@ class Accumulator:
             "choices": [self._choice_result(c) for _, c in sorted(self.choices.items())],
             "usage": self.usage,
         }
+        if self.head.get("system_fingerprint") is not None:
+            body["system_fingerprint"] = self.head["system_fingerprint"]
         if self.prompt_token_ids is not None:
             body["prompt_token_ids"] = self.prompt_token_ids
         return body

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 from proxy.errors import ProxyError
 
@@ -19,10 +20,18 @@ class Gate:
         self._open.set()
         self._drained = asyncio.Event()
         self._drained.set()
+        self._busy_s = 0.0  # closed busy intervals
+        self._busy_since: float | None = None  # start of the open one (perf_counter), None while idle
 
     @property
     def paused(self) -> bool:
         return not self._open.is_set()
+
+    @property
+    def busy_seconds(self) -> float:
+        """Wall seconds with at least one call in flight, since the gate was made (the open interval included)."""
+        since = self._busy_since
+        return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     async def enter(self) -> None:
         """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused."""
@@ -39,12 +48,16 @@ class Gate:
                 ) from None
             finally:
                 self.waiting -= 1
+        if self.in_flight == 0:
+            self._busy_since = time.perf_counter()
         self.in_flight += 1
         self._drained.clear()
 
     def exit(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
             self._drained.set()
 
     async def pause(self, timeout: float | None = None) -> None:

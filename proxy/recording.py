@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from proxy.types import RecordedCall, Recorder
 
@@ -29,11 +30,20 @@ class RecordingQueue:
             logger.exception("rollout %s seq %s: recorder failed; queued for retry", call.rollout_id, call.seq)
             self._queue(call)
 
-    def submit(self, call: RecordedCall) -> None:
-        """Record in the background (for paths that must not wait, such as a disconnected stream)."""
-        task = asyncio.get_running_loop().create_task(self.record(call))
+    def submit(self, call: RecordedCall, then: Callable[[], None] | None = None) -> asyncio.Task:
+        """Record in the background (for paths that must not wait, such as a disconnected stream), then call
+        `then` in the same step, even when the task was cancelled."""
+        task = asyncio.get_running_loop().create_task(self._record_then(call, then))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _record_then(self, call: RecordedCall, then: Callable[[], None] | None) -> None:
+        try:
+            await self.record(call)
+        finally:
+            if then is not None:
+                then()
 
     def _queue(self, call: RecordedCall) -> None:
         if len(self.retry) >= self.max_retry:

@@ -64,7 +64,7 @@ class ProxyServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def pause(self, timeout: float | None = None) -> None:
-        """Hold new calls and block until calls in flight drain (TimeoutError if they don't in time)."""
+        """Hold new calls and block until calls in flight drain and are recorded (TimeoutError if not in time)."""
         self._call(self.app.pause(timeout), None)
 
     def resume(self) -> None:

@@ -5,6 +5,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from proxy.sampling import check_sampling
+
 APIS = ("chat", "completions", "responses", "messages")
 
 
@@ -29,6 +31,7 @@ class RecordedCall:
     stream: bool
     started_at: float  # unix time
     upstream_response: dict | None = None  # engine's answer (streams: assembled), with token ids
+    sampling_overrides: dict = field(default_factory=dict)  # harness's value of each sampling knob the proxy changed
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class UpstreamConfig:
     """Stream from the engine when the harness streams; False asks for whole answers and re-streams them."""
     stream_with_tools: bool = False
     """Stream from the engine also for calls offering tools (vLLM's streaming tool parsers can drop token ids)."""
+    sampling: dict | None = None
+    """The run's sampling ({"temperature": 0.7, ...}) on every engine call, other knobs neutral; None: the harness's."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -151,6 +156,8 @@ class UpstreamConfig:
             raise ValueError("UpstreamConfig needs pool_shards >= 1 and max_connections >= pool_shards")
         if min(self.connect_timeout_s, self.read_timeout_s, self.write_timeout_s, self.pool_timeout_s) <= 0:
             raise ValueError("UpstreamConfig timeouts must be positive seconds")
+        if self.sampling is not None:
+            check_sampling(self.sampling)
 
 
 JSON = dict[str, Any]

@@ -40,6 +40,15 @@ class LiveServer:
         await self.task
 
 
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Wait for `condition()` (polled) or fail naming `what`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.005)
+
+
 def headers(secret: str = "s1") -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
@@ -69,10 +78,16 @@ def upstream_stream() -> bool:
 
 
 @pytest.fixture
-async def proxy(fake, directory, recorder, upstream_stream):
+def sampling() -> dict | None:
+    """The run's sampling parameters the proxy enforces; None (harness's own) unless a test module overrides it."""
+    return None
+
+
+@pytest.fixture
+async def proxy(fake, directory, recorder, upstream_stream, sampling):
     """The proxy talking to the fake engine over an in-process ASGI transport."""
     config = UpstreamConfig(base_url="http://engine/v1", served_model=SERVED, stream=upstream_stream,
-                            stream_with_tools=upstream_stream)
+                            stream_with_tools=upstream_stream, sampling=sampling)
     app = create_app(directory, recorder, config, policy_version=3, max_body_bytes=64 * 1024,
                      pause_wait_s=0.2, retry_after_s=2, transport=httpx.ASGITransport(app=fake))
     yield app
@@ -88,11 +103,11 @@ async def client(proxy):
 
 
 @pytest.fixture
-async def live(fake, directory, recorder, upstream_stream):
+async def live(fake, directory, recorder, upstream_stream, sampling):
     """Fake engine and proxy on real sockets (for SDKs and real streaming); yields (proxy, base url of r1)."""
     async with LiveServer(fake) as engine:
         config = UpstreamConfig(base_url=engine.url + "/v1", served_model=SERVED, stream=upstream_stream,
-                                stream_with_tools=upstream_stream)
+                                stream_with_tools=upstream_stream, sampling=sampling)
         app = create_app(directory, recorder, config, policy_version=3, pause_wait_s=0.2)
         async with LiveServer(app) as server:
             yield app, server.url + "/rollouts/r1"

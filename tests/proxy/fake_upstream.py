@@ -79,6 +79,8 @@ class FakeVLLM:
         self.requests: list[dict] = []
         self.calls = 0
         self.answered = 0  # calls past their latency (the "engine" has answered)
+        self.version = 0  # the "weights" answering now, reported as system_fingerprint "v<version>"
+        self.mixed: list[str] = []  # ids of chat answers generated while the version changed
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -135,6 +137,7 @@ class FakeVLLM:
         fault = await self._fault(bool(body.get("stream")))
         if isinstance(fault, Response):
             return fault
+        version = self.version  # the weights this answer starts on
         prompt_ids = render_chat(body["messages"], body.get("tools"))
         reply = self._reply(body, _text_of(body["messages"][-1].get("content")))
         if not body.get("tools"):
@@ -146,15 +149,17 @@ class FakeVLLM:
             await asyncio.sleep(self.latency_s)
         self.answered += 1
         if body.get("stream"):
-            return StreamingResponse(self._chat_stream(body, prompt_ids, text, calls, ids, finish, matched, fault),
-                                     media_type="text/event-stream")
+            return StreamingResponse(self._chat_stream(body, prompt_ids, text, calls, ids, finish, matched, fault,
+                                                       version), media_type="text/event-stream")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+        if self.version != version:
+            self.mixed.append(rid)
         message = {"role": "assistant", "content": text, "tool_calls": [
             {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function", "function": {"name": n, "arguments": a}}
             for n, a in calls]}
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": body["model"],
-            "choices": [{"index": 0, "message": message, "logprobs": {"content": self._lp_content(ids)},
+            "system_fingerprint": f"v{version}", "choices": [{"index": 0, "message": message, "logprobs": {"content": self._lp_content(ids)},
                          "finish_reason": finish, "stop_reason": matched, "token_ids": ids}],
             "usage": usage(prompt_ids, ids),
             "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
@@ -164,9 +169,10 @@ class FakeVLLM:
         return [{"token": f"token_id:{t}", "logprob": self.logprob(start + i), "bytes": None, "top_logprobs": []}
                 for i, t in enumerate(ids)]
 
-    async def _chat_stream(self, body, prompt_ids, text, calls, ids, finish, matched, fault):
+    async def _chat_stream(self, body, prompt_ids, text, calls, ids, finish, matched, fault, version):
         rid, created, n = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.chunk_bytes
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body["model"]}
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body["model"],
+                "system_fingerprint": f"v{version}"}
 
         def chunk(delta: dict, token_ids: list[int], start: int, finish_reason=None, **extra) -> bytes:
             choice = {"index": 0, "delta": delta, "logprobs": {"content": self._lp_content(token_ids, start)} if token_ids else None,
@@ -196,6 +202,8 @@ class FakeVLLM:
                 await asyncio.sleep(self.chunk_delay_s)
             yield chunk(delta, token_ids, position)
             position += len(token_ids)
+        if self.version != version:
+            self.mixed.append(rid)
         rest = ids[emitted:]
         if isinstance(fault, Fault) and fault.drop_tool_ids:
             rest = [t for t in rest[-1:] if t == IM_END]

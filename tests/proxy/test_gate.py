@@ -6,15 +6,12 @@ import asyncio
 import httpx
 import pytest
 
+from proxy.app import create_app
+from proxy.types import InMemoryRecorder, UpstreamConfig
+from tests.proxy.conftest import LiveServer, headers, until
+
+BOTH = pytest.mark.parametrize("upstream_stream", [True, False], ids=["engine-streams", "engine-whole"])
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def _until(condition, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def test_it_answers_429_with_retry_after_when_paused_too_long(proxy, client, recorder, fake):
@@ -32,7 +29,7 @@ async def test_it_holds_new_calls_while_paused_and_lets_them_through_on_resume(p
     proxy.gate.wait_s = 30
     await proxy.pause()
     call = asyncio.create_task(client.post("/chat/completions", json=CHAT))
-    await _until(lambda: proxy.gate.waiting == 1, "call waiting at the gate")
+    await until(lambda: proxy.gate.waiting == 1, "call waiting at the gate")
     proxy.set_policy_version(4)
     await proxy.resume()
     r = await call
@@ -44,7 +41,7 @@ async def test_it_holds_new_calls_while_paused_and_lets_them_through_on_resume(p
 async def test_it_returns_from_pause_only_after_calls_in_flight_drain(proxy, client, fake, recorder):
     fake.latency_s = 0.3
     call = asyncio.create_task(client.post("/chat/completions", json=CHAT))
-    await _until(lambda: proxy.gate.in_flight == 1, "call in flight")
+    await until(lambda: proxy.gate.in_flight == 1, "call in flight")
     assert fake.answered == 0
 
     await proxy.pause()
@@ -57,7 +54,7 @@ async def test_it_returns_from_pause_only_after_calls_in_flight_drain(proxy, cli
 async def test_it_raises_when_calls_do_not_drain_in_time_and_stays_paused(proxy, client, fake):
     fake.latency_s = 1.0
     call = asyncio.create_task(client.post("/chat/completions", json=CHAT))
-    await _until(lambda: proxy.gate.in_flight == 1, "call in flight")
+    await until(lambda: proxy.gate.in_flight == 1, "call in flight")
 
     with pytest.raises(TimeoutError, match="1 calls still in flight"):
         await proxy.pause(timeout=0.05)
@@ -77,7 +74,7 @@ async def test_it_counts_a_stream_in_flight_until_it_ends(live, fake):
             assert first.startswith("data: ") and app.gate.in_flight == 1
             rest = [line async for line in lines]
     assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
-    await _until(lambda: app.gate.in_flight == 0, "stream finished")
+    await until(lambda: app.gate.in_flight == 0, "stream finished")
 
 
 async def test_it_reads_a_callable_policy_version(proxy, client, recorder):
@@ -88,3 +85,73 @@ async def test_it_reads_a_callable_policy_version(proxy, client, recorder):
     await client.post("/chat/completions", json=CHAT)
 
     assert [c.policy_version for c in recorder.calls] == [10, 11]
+
+
+async def test_it_counts_busy_time_while_any_call_is_in_flight_and_not_idle_time(proxy, client, fake):
+    fake.latency_s = 0.3
+    await asyncio.sleep(0.2)  # idle before the first call
+    assert proxy.busy_seconds == 0.0
+    first = asyncio.create_task(client.post("/chat/completions", json=CHAT))
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(client.post("/chat/completions", json=CHAT))
+    await until(lambda: proxy.gate.in_flight == 2, "both calls in flight")
+    during = proxy.busy_seconds  # the open interval counts while calls are in flight
+    assert [r.status_code for r in await asyncio.gather(first, second)] == [200, 200]
+    busy = proxy.busy_seconds
+    await asyncio.sleep(0.3)  # idle again
+
+    assert 0.05 < during < busy
+    assert busy == pytest.approx(0.4, abs=0.15)  # 0.3 s each, 0.1 s apart: 0.4 s with at least one in flight
+    assert proxy.busy_seconds == busy
+
+
+class SlowRecorder(InMemoryRecorder):
+    """Takes a moment to store each call, like a database write."""
+
+    async def record(self, call):
+        await asyncio.sleep(0.01)
+        await super().record(call)
+
+
+@BOTH
+async def test_it_stamps_every_call_with_the_weights_that_answered_it(fake, directory, upstream_stream):
+    """Eight harnesses call in a loop (half of the calls streamed) while the run swaps weights mid-way.
+
+    Without the pause (`fake.version = 1; app.set_policy_version(1)` alone) this fails: calls admitted on
+    version 0 are answered, or finished, by version 1 (`fake.mixed`, fingerprint "v1" on a version-0 record).
+    """
+    recorder = SlowRecorder()
+    fake.latency_s, fake.chunk_delay_s = 0.02, 0.005
+    async with LiveServer(fake) as engine:
+        config = UpstreamConfig(base_url=engine.url + "/v1", stream=upstream_stream)
+        app = create_app(directory, recorder, config, pause_wait_s=30)
+        async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url + "/rollouts/r1/v1",
+                                                                headers=headers(), timeout=30) as c:
+            stop = asyncio.Event()
+
+            async def harness(i: int) -> None:
+                n = 0
+                while not stop.is_set():
+                    r = await c.post("/chat/completions", json={**CHAT, "stream": (i + n) % 2 == 1})
+                    assert r.status_code == 200
+                    n += 1
+
+            harnesses = [asyncio.create_task(harness(i)) for i in range(8)]
+            await until(lambda: len(recorder.calls) >= 24 and fake.calls > fake.answered,
+                        "a call on version 0 inside the engine")
+            await app.pause()
+            admitted, recorded, in_flight = fake.calls, len(recorder.calls), app.gate.in_flight
+            fake.version = 1
+            app.set_policy_version(1)
+            await app.resume()
+            await until(lambda: len(recorder.calls) >= recorded + 24, "calls on version 1")
+            stop.set()
+            await asyncio.gather(*harnesses)
+        await app.aclose()
+
+    assert in_flight == 0 and recorded == admitted  # pause returned after every admitted call was recorded
+    calls = recorder.for_rollout("r1")
+    assert [c.status_code for c in calls] == [200] * len(calls)
+    assert {c.policy_version for c in calls} == {0, 1} and {c.stream for c in calls} == {False, True}
+    assert [c.upstream_response["system_fingerprint"] for c in calls] == [f"v{c.policy_version}" for c in calls]
+    assert fake.mixed == []

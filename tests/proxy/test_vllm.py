@@ -7,6 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from proxy.app import create_app
+from proxy.sampling import PINNED
 from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
 from trainer.engine import EngineConfig, VLLMServer, default_engine_venv
 
@@ -37,10 +38,16 @@ def engine(tiny, tmp_path_factory):
 
 
 @pytest.fixture
-async def proxied(engine):
+def sampling() -> dict | None:
+    return None
+
+
+@pytest.fixture
+async def proxied(engine, sampling):
     directory, recorder = InMemoryDirectory(), InMemoryRecorder()
     directory.add("r1", "s1")
-    app = create_app(directory, recorder, UpstreamConfig(base_url=engine.base_url + "/v1", served_model="tiny"))
+    config = UpstreamConfig(base_url=engine.base_url + "/v1", served_model="tiny", sampling=sampling)
+    app = create_app(directory, recorder, config)
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
     yield http, recorder
     await http.aclose()
@@ -105,3 +112,25 @@ async def test_it_records_template_ids_for_a_responses_call_with_tools(proxied, 
     assert call.prompt_ids == tokenizer.apply_chat_template(MESSAGES, tools=[chat_tool], add_generation_prompt=True,
                                                             tokenize=True, return_dict=False)
     assert call.response["id"] == final.id and len(call.logprobs) == len(call.completion_ids)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0, "top_p": 1.0, "top_k": -1}])
+async def test_it_samples_with_the_runs_parameters_whatever_the_harness_sends(proxied, engine, sampling):
+    """The run says greedy: a harness asking for heat, penalties and a bias still gets the greedy answer."""
+    http, recorder = proxied
+    url, auth = "http://proxy/rollouts/r1/v1/chat/completions", {"authorization": "Bearer s1"}
+    plain = await http.post(url, headers=auth, json={"model": "m", "messages": MESSAGES, "max_tokens": 24})
+    noisy = await http.post(url, headers=auth, json={
+        "model": "m", "messages": MESSAGES, "max_tokens": 24, "temperature": 1.5, "presence_penalty": 1.5,
+        "repetition_penalty": 1.3, "min_tokens": 20, "logit_bias": {"0": 50}})
+    async with httpx.AsyncClient() as direct:  # the engine itself, greedy with neutral knobs
+        greedy = await direct.post(engine.base_url + "/v1/chat/completions", json={
+            **PINNED, "temperature": 0.0, "model": "tiny", "messages": MESSAGES, "max_tokens": 24,
+            "return_token_ids": True})
+
+    assert (plain.status_code, noisy.status_code, greedy.status_code) == (200, 200, 200)
+    first, second = recorder.calls
+    assert first.completion_ids == second.completion_ids == greedy.json()["choices"][0]["token_ids"]
+    assert first.sampling_overrides == {}
+    assert second.sampling_overrides == {"temperature": 1.5, "presence_penalty": 1.5, "repetition_penalty": 1.3,
+                                         "min_tokens": 20, "logit_bias": {"0": 50}}

@@ -1,0 +1,56 @@
+"""The run's sampling parameters, put on every engine request whatever the harness asked for.
+
+The trainer scores each sampled token under the distribution the run configured (temperature, top-k), so
+the engine must sample from exactly that: a harness's own temperature, penalties or token masks would make
+the recorded logprobs belong to a different distribution. vLLM fills every knob a request leaves out from
+the model's generation_config, so all of them are set explicitly, not only those the harness sent.
+"""
+from __future__ import annotations
+
+PINNED: dict[str, float | int] = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+}
+"""Knobs that reshape the next-token distribution, at their neutral values; the run's `sampling` sets some."""
+
+REMOVED = ("logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "use_beam_search", "watermarking")
+"""Knobs that bias or mask tokens (min_tokens masks the end token), or replace sampling: dropped.
+
+Kept on purpose: `seed` (a sample is still a sample), `stop`, `max_tokens`, `n`, and structured outputs
+(`response_format`, tool_choice "required"), which harnesses need to work at all.
+"""
+
+
+def check_sampling(sampling: dict) -> None:
+    """Raise ValueError unless `sampling` maps names from PINNED to numbers."""
+    for key, value in sampling.items():
+        if key not in PINNED:
+            raise ValueError(f"UpstreamConfig.sampling has unknown key {key!r}; valid: {', '.join(PINNED)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"UpstreamConfig.sampling[{key!r}] must be a number, got {type(value).__name__}")
+
+
+def _same(key: str, asked: object, value: object) -> bool:
+    if key == "top_k" and isinstance(asked, int) and isinstance(value, int):
+        return max(asked, 0) == max(value, 0)  # 0 and -1 both mean "all tokens"
+    return asked == value
+
+
+def _changes_sampling(value: object) -> bool:
+    return value not in (None, False, 0, {}, [])
+
+
+def enforce_sampling(body: dict, sampling: dict) -> tuple[dict, dict]:
+    """The engine request with the run's sampling, and what the harness asked for that the proxy changed.
+
+    The second value maps each changed or removed name to the harness's value; a knob the harness did not
+    send, or sent with the value the engine gets, is not in it.
+    """
+    out = {k: v for k, v in body.items() if k not in REMOVED}
+    overrides = {k: body[k] for k in REMOVED if _changes_sampling(body.get(k))}
+    for key, value in {**PINNED, **sampling}.items():
+        asked = body.get(key)
+        if asked is not None and not _same(key, asked, value):
+            overrides[key] = asked
+        out[key] = value
+    return out, overrides
