@@ -13,7 +13,7 @@ class HarnessAdmin(admin.ModelAdmin):
 
 @admin.register(Dataset)
 class DatasetAdmin(admin.ModelAdmin):
-    list_display = ("name", "owner", "train_count", "val_count", "created_at")
+    list_display = ("name", "owner", "train_count", "val_count", "hidden_fields", "created_at")
     search_fields = ("name",)
 
 
@@ -38,8 +38,8 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(Rollout)
 class RolloutAdmin(admin.ModelAdmin):
-    list_display = ("id", "run", "split", "step", "group", "attempt", "status", "reward")
-    list_filter = ("status", "split")
+    list_display = ("id", "run", "split", "step", "group", "attempt", "status", "failure_kind", "reward")
+    list_filter = ("status", "failure_kind", "split")
     raw_id_fields = ("run", "task")
     exclude = ("secret_hash",)
 

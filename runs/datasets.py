@@ -1,13 +1,53 @@
-"""Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported."""
+"""Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported; reward-only fields."""
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 SPLITS = ("train", "val")
 MAX_ERRORS = 200
+# Reward-only task fields every dataset hides from its harness. A dataset's own `hidden_fields` extend this set;
+# they never replace it, so forgetting to list `answer` cannot leak it. Names are top-level keys of a task.
+DEFAULT_HIDDEN_FIELDS = ("answer", "expected", "solution", "tests")
+
+
+def hidden_fields(extra: Iterable[str] = ()) -> list[str]:
+    """The reward-only fields of a dataset: the defaults and its own, sorted."""
+    return sorted(set(DEFAULT_HIDDEN_FIELDS) | set(extra))
+
+
+def harness_view(task: dict[str, Any], hidden: Iterable[str]) -> dict[str, Any]:
+    """The task as the harness may see it: every hidden top-level field left out. The reward gets the full task."""
+    hidden = set(hidden)
+    return {key: value for key, value in task.items() if key not in hidden}
+
+
+def field_names(value: Any) -> list[str]:
+    """Field names given as a list, a JSON list in a string, or a comma-separated string; ValueError says why not."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith(("[", "{")):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a valid JSON list: {exc.msg} at column {exc.colno}") from None
+        else:
+            value = [name.strip() for name in text.split(",")] if text else []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"must be a list of field names, got {_type_name(value)}")
+    names = []
+    for name in value:
+        if not isinstance(name, str) or not name.strip():
+            shown = json.dumps(name, default=repr)[:50]
+            raise ValueError(f"every field name must be a non-empty string, got {shown}")
+        if len(name) > 200:
+            raise ValueError(f"field name {name[:20]!r}... is longer than 200 characters")
+        if name.strip() not in names:
+            names.append(name.strip())
+    return names
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ class Attempt:
     timeout_s: float
     workdir: Path
     task_id: str
-    task: dict[str, Any]
+    task: dict[str, Any]  # as the harness may see it: reward-only fields already left out (Run.harness_task)
     rollout_id: str
     base_url: str  # the rollout's OpenAI base URL (…/rollouts/<id>/v1)
     api_key: str

@@ -4,6 +4,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from runs.datasets import harness_view, hidden_fields
+
 
 class Executor(models.TextChoices):
     LOCAL = "local", "Local subprocess"
@@ -45,6 +47,14 @@ class Drift(models.TextChoices):
     CLEAN = "clean", "Clean"
     REALIGN = "realign", "Realign"
     FORK = "fork", "Fork"
+
+
+class FailureKind(models.TextChoices):
+    """Whose fault a failed rollout was: the policy's is trained on, the infrastructure's is left out."""
+
+    NONE = "", "Not failed"
+    POLICY = "policy", "Policy"
+    INFRA = "infra", "Infrastructure"
 
 
 class SampleBuild(models.TextChoices):
@@ -96,6 +106,10 @@ class Dataset(Owned):
     seed = models.IntegerField(default=0)
     train_count = models.PositiveIntegerField(default=0)
     val_count = models.PositiveIntegerField(default=0)
+    hidden_fields = models.JSONField(
+        default=list, blank=True,
+        help_text="Reward-only task fields beyond the defaults (answer, expected, solution, tests): "
+                  "never shown to a harness")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="dataset_owner_name")]
@@ -103,6 +117,11 @@ class Dataset(Owned):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def reward_only_fields(self) -> list[str]:
+        """Every field the harness never sees: the defaults and this dataset's own hidden fields."""
+        return hidden_fields(self.hidden_fields)
 
 
 class Task(models.Model):
@@ -171,6 +190,13 @@ class Run(Owned):
     def is_finished(self) -> bool:
         return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
+    def harness_task(self, data: dict) -> dict:
+        """The task as this run's harness may see it: the reward-only fields of its dataset snapshot left out.
+
+        Runs snapshotted before datasets had hidden fields still hide the defaults.
+        """
+        return harness_view(data, hidden_fields(self.dataset_snapshot.get("hidden_fields", ())))
+
 
 class Rollout(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rollouts")
@@ -187,6 +213,11 @@ class Rollout(models.Model):
     stdout_tail = models.TextField(blank=True)
     stderr_tail = models.TextField(blank=True)
     error = models.TextField(blank=True)
+    failure_kind = models.CharField(
+        max_length=16, choices=FailureKind.choices, default=FailureKind.NONE, blank=True,
+        help_text="policy: the harness timed out, ended without an answer or exited non-zero after the model had "
+                  "answered (trained with failure_reward); infra: engine or proxy errors, a killed worker, a crashed "
+                  "reward script (left out of the loss and the baseline)")
     secret_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the rollout's API key")
     call_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -223,6 +254,8 @@ class ModelCall(models.Model):
     latency_ms = models.FloatField(default=0.0)
     policy_version = models.PositiveIntegerField(default=0)
     drift = models.CharField(max_length=10, choices=Drift.choices, default=Drift.NONE, blank=True)
+    sampling_overrides = models.JSONField(
+        default=dict, blank=True, help_text="Sampling parameters the harness asked for that the proxy overrode")
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

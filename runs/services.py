@@ -8,14 +8,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DataError, transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from runs import events
-from runs.datasets import UploadOptions, parse_tasks
-from runs.models import (Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run, RunEvent, Sample,
-                         RunStatus, Task)
+from runs.datasets import UploadOptions, field_names, parse_tasks
+from runs.models import (Dataset, FailureKind, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run,
+                         RunEvent, RunStatus, Sample, Task)
 from runs.registry import UnknownModel, resolve_model
 from runs.sandbox import Limits, ScoreResult, score
 from proxy.auth import hash_secret
@@ -143,8 +143,15 @@ def _update_versioned(obj, changes: dict[str, Any]):
 
 def create_dataset(owner, *, name: str, content: bytes, filename: str = "", description: str = "",
                    split_field: str = "", val_ratio: float = 0.0, seed: int = 0,
-                   required_fields: tuple[str, ...] = ()) -> Dataset:
-    """Create a dataset from an uploaded file: all tasks are saved, or none and DatasetRejected says why."""
+                   required_fields: tuple[str, ...] = (), hidden_fields: list[str] | tuple[str, ...] = ()) -> Dataset:
+    """Create a dataset from an uploaded file: all tasks are saved, or none and DatasetRejected says why.
+
+    `hidden_fields` extend the reward-only defaults (runs.datasets.DEFAULT_HIDDEN_FIELDS); no harness sees them.
+    """
+    try:
+        hidden_fields = field_names(list(hidden_fields))
+    except ValueError as exc:
+        raise ServiceError(f"hidden_fields: {exc}") from exc
     if len(content) > settings.LIGHTNING_DATASET_MAX_BYTES:
         raise DatasetRejected([{"line": 0, "error": f"the file is {len(content)} bytes, over the limit of "
                                                     f"{settings.LIGHTNING_DATASET_MAX_BYTES} bytes"}])
@@ -158,7 +165,7 @@ def create_dataset(owner, *, name: str, content: bytes, filename: str = "", desc
         dataset = Dataset.objects.create(
             owner=owner, name=name, description=description, source_filename=filename[:500],
             content_sha256=hashlib.sha256(content).hexdigest(), split_field=split_field,
-            val_ratio=val_ratio, seed=seed,
+            val_ratio=val_ratio, seed=seed, hidden_fields=hidden_fields,
             train_count=sum(t.split == "train" for t in parsed.tasks),
             val_count=sum(t.split == "val" for t in parsed.tasks),
         )
@@ -200,7 +207,8 @@ def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, h
             dataset=dataset,
             reward_script=reward_script, cloned_from=cloned_from,
             harness_snapshot=_snapshot(harness, HARNESS_FIELDS + ("version",)),
-            dataset_snapshot=_snapshot(dataset, ("name", "version", "content_sha256", "train_count", "val_count")),
+            dataset_snapshot={**_snapshot(dataset, ("name", "version", "content_sha256", "train_count", "val_count")),
+                              "hidden_fields": dataset.reward_only_fields},
             reward_snapshot=_snapshot(reward_script, ("name", "source", "timeout_s", "version")),
         )
         emit_event(run.pk, events.RUN_STATUS, {"status": run.status, "error": ""})
@@ -328,7 +336,8 @@ def _call_row(call) -> ModelCall:
         rollout_id=int(call.rollout_id), seq=call.seq, api=call.api, stream=call.stream, request=call.request,
         response=call.response, prompt_ids=list(call.prompt_ids), completion_ids=list(call.completion_ids),
         logprobs=list(call.logprobs), finish_reason=call.finish_reason or "", status_code=call.status_code,
-        latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "")
+        latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "",
+        sampling_overrides=getattr(call, "sampling_overrides", {}) or {})
 
 
 def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:
@@ -372,18 +381,24 @@ def start_rollout(rollout_id: int) -> None:
 
 
 def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward_detail: dict, exit_code: int | None,
-                   stdout_tail: str = "", stderr_tail: str = "", error: str = "") -> Rollout:
-    """Close a rollout with its reward and harness output; its calls are refused from now on (409)."""
+                   stdout_tail: str = "", stderr_tail: str = "", error: str = "", failure_kind: str = "") -> Rollout:
+    """Close a rollout with its reward and harness output; its calls are refused from now on (409).
+
+    `failure_kind` (FailureKind) says whose fault a failure was: "policy" or "infra"; "" when it did not fail.
+    """
+    if failure_kind not in FailureKind.values:
+        raise ServiceError(f"failure_kind must be one of {FailureKind.values}, got {failure_kind!r}")
     with transaction.atomic():
         rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
         rollout.status, rollout.reward, rollout.exit_code = status, reward, exit_code
+        rollout.failure_kind = failure_kind
         rollout.reward_detail = {**rollout.reward_detail, **reward_detail}
         rollout.stdout_tail, rollout.stderr_tail, rollout.error = stdout_tail[-16384:], stderr_tail[-16384:], error
         rollout.finished_at = timezone.now()
         rollout.save()
         emit_event(rollout.run_id, events.ROLLOUT_STATUS, {
             "rollout": rollout.pk, "status": status, "reward": reward, "split": rollout.split, "step": rollout.step,
-            "group": rollout.group, "attempt": rollout.attempt, "error": error[:500]})
+            "group": rollout.group, "attempt": rollout.attempt, "error": error[:500], "failure_kind": failure_kind})
     return rollout
 
 
@@ -392,19 +407,56 @@ def cancel_unfinished_rollouts(run_id: int, error: str) -> int:
         status=RolloutStatus.CANCELLED, error=error, finished_at=timezone.now())
 
 
+STEP_BATCH = 200  # rows per transaction in record_step: a few hundred keeps each lock short
+
+
 def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
                 metrics: dict[str, float]) -> None:
-    """Store one training step: its samples, the drift class of every call it read, metrics, step and version."""
+    """Store one training step: its samples, the drift class of every call it read, metrics, step and version.
+
+    A few queries per STEP_BATCH rows (never one per rollout or call), each write batch its own short transaction,
+    so the proxy's recorder, writing ModelCall rows meanwhile, never waits long. The run's step, version and
+    metrics come last in one transaction: a crash part way keeps the batches written but not the run's step.
+    """
+    next_index = _next_sample_indexes({sample["rollout_id"] for sample in samples})
+    rows = []
+    for sample in samples:
+        rows.append(Sample(index=next_index[sample["rollout_id"]], **sample))
+        next_index[sample["rollout_id"]] += 1
+    for batch in _batches(rows, STEP_BATCH):
+        with transaction.atomic():
+            Sample.objects.bulk_create(batch)
+    _store_drift(drift)
     with transaction.atomic():
-        counts: dict[int, int] = {}
-        rows = []
-        for sample in samples:
-            index = counts.get(sample["rollout_id"], Sample.objects.filter(rollout_id=sample["rollout_id"]).count())
-            counts[sample["rollout_id"]] = index + 1
-            rows.append(Sample(index=index, **sample))
-        Sample.objects.bulk_create(rows)
-        for rollout_id, by_seq in drift.items():
-            for seq, kind in by_seq.items():
-                ModelCall.objects.filter(rollout_id=rollout_id, seq=seq).update(drift=kind)
         Run.objects.filter(pk=run_id).update(step=step, policy_version=policy_version, updated_at=timezone.now())
         record_metrics(run_id, step, metrics)
+
+
+def _next_sample_indexes(rollout_ids: set[int]) -> dict[int, int]:
+    """The next free Sample.index of each rollout, from one aggregate query per STEP_BATCH rollouts."""
+    found: dict[int, int] = {}
+    for ids in _batches(sorted(rollout_ids), STEP_BATCH):
+        found.update(Sample.objects.filter(rollout_id__in=ids).order_by().values("rollout_id")
+                     .annotate(last=Max("index")).values_list("rollout_id", "last"))
+    return {rollout_id: found[rollout_id] + 1 if rollout_id in found else 0 for rollout_id in rollout_ids}
+
+
+def _store_drift(drift: dict[int, dict[int, str]]) -> None:
+    """Set ModelCall.drift: one read per STEP_BATCH rollouts, one bulk update per STEP_BATCH changed calls."""
+    wanted = {int(rollout_id): {int(seq): kind for seq, kind in by_seq.items()}
+              for rollout_id, by_seq in drift.items() if by_seq}
+    changed = []
+    for ids in _batches(sorted(wanted), STEP_BATCH):
+        for call in ModelCall.objects.filter(rollout_id__in=ids).only("pk", "rollout_id", "seq", "drift"):
+            kind = wanted[call.rollout_id].get(call.seq)
+            if kind is not None and kind != call.drift:
+                call.drift = kind
+                changed.append(call)
+    for batch in _batches(changed, STEP_BATCH):
+        with transaction.atomic():
+            ModelCall.objects.bulk_update(batch, ["drift"])
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]

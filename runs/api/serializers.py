@@ -5,9 +5,11 @@ import ast
 import re
 import string
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from runs import selectors
+from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names
 from runs.models import (Dataset, Executor, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample,
                          Task)
 
@@ -131,11 +133,38 @@ class RewardTestResultSerializer(serializers.Serializer):
     duration_ms = serializers.FloatField()
 
 
+@extend_schema_field({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]})
+class FieldNamesField(serializers.Field):
+    """Task field names: a JSON list, or in a form a JSON list, a comma-separated string or the key repeated."""
+
+    def get_value(self, dictionary):
+        if hasattr(dictionary, "getlist") and self.field_name in dictionary:
+            values = dictionary.getlist(self.field_name)
+            return values if len(values) > 1 else values[0]
+        return super().get_value(dictionary)
+
+    def to_internal_value(self, data):
+        try:
+            return field_names(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value):
+        return list(value)
+
+
 class DatasetSerializer(serializers.ModelSerializer):
+    hidden_fields = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                          help_text="The dataset's own reward-only fields, set at upload")
+    reward_only_fields = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text=f"Every field no harness sees: the defaults {list(DEFAULT_HIDDEN_FIELDS)} and hidden_fields")
+
     class Meta:
         model = Dataset
         fields = ["id", "name", "description", "version", "source_filename", "content_sha256", "split_field",
-                  "val_ratio", "seed", "train_count", "val_count", "created_at", "updated_at"]
+                  "val_ratio", "seed", "train_count", "val_count", "hidden_fields", "reward_only_fields",
+                  "created_at", "updated_at"]
         read_only_fields = [f for f in fields if f not in ("name", "description")]
 
 
@@ -150,6 +179,10 @@ class DatasetUploadSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, default=0)
     required_fields = serializers.CharField(required=False, allow_blank=True, default="",
                                             help_text="Comma-separated fields every task must have")
+    hidden_fields = FieldNamesField(
+        required=False, default=list,
+        help_text=f"Reward-only fields no harness sees, beyond the defaults {list(DEFAULT_HIDDEN_FIELDS)} (which "
+                  "always stay hidden): a JSON list or a comma-separated string. The reward gets the full task.")
 
     def validate_name(self, value):
         user = self.context["request"].user
@@ -210,7 +243,8 @@ class ModelCallSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelCall
         fields = ["id", "seq", "api", "stream", "request", "response", "prompt_ids", "completion_ids", "logprobs",
-                  "finish_reason", "status_code", "latency_ms", "policy_version", "drift", "error", "created_at"]
+                  "finish_reason", "status_code", "latency_ms", "policy_version", "drift", "sampling_overrides",
+                  "error", "created_at"]
 
 
 class SampleSerializer(serializers.ModelSerializer):
@@ -226,8 +260,9 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = ["id", "run", "task", "task_external_id", "split", "step", "group", "attempt", "policy_version",
-                  "status", "reward", "reward_detail", "exit_code", "error", "call_count", "created_at",
-                  "started_at", "finished_at"]
+                  "status", "failure_kind", "reward", "reward_detail", "exit_code", "error", "call_count",
+                  "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
 
 
 class RolloutDetailSerializer(RolloutSerializer):

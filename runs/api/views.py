@@ -74,7 +74,7 @@ class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
         dataset = services.create_dataset(
             request.user, name=data["name"], description=data["description"], content=file.read(),
             filename=file.name or "", split_field=data["split_field"], val_ratio=data["val_ratio"],
-            seed=data["seed"], required_fields=data["required_fields"])
+            seed=data["seed"], required_fields=data["required_fields"], hidden_fields=data["hidden_fields"])
         return Response(s.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 
