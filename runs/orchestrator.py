@@ -63,7 +63,8 @@ class HarnessSource:
             raise
         except Exception as exc:
             logger.exception("run %s group %s: an attempt crashed", self.run.pk, group_id)
-            result = scheduler.RolloutResult(group_id, "", (), 0.0, failed=True, error=f"{type(exc).__name__}: {exc}")
+            result = scheduler.RolloutResult(group_id, "", (), 0.0, failure_kind=scheduler.INFRA_FAILURE,
+                                             error=f"{type(exc).__name__}: {exc}")
         self.finished.put_nowait(result)
 
     async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int) -> scheduler.RolloutResult:
@@ -75,39 +76,74 @@ class HarnessSource:
         try:
             out = await self.executor.run(Attempt(
                 command=harness["command"], env=harness.get("env") or {}, timeout_s=harness["timeout_s"],
-                workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id, task=task.data,
+                workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id,
+                task=self.run.harness_task(task.data),
                 rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret))
         except asyncio.CancelledError:
             await db(services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
                                               reward_detail={}, exit_code=None, error="cancelled with its run")
             raise
-        reward, detail, error = await self._score(task, out)
-        failed = bool(error)
+        calls, trouble = await db(_calls_of)(rollout.pk)
+        reward, detail, reward_error = await self._score(task, out)
+        kind, error = failure_of(out, reward_error, calls, trouble)
+        if kind == scheduler.POLICY_FAILURE:
+            detail = {**detail, "script_reward": reward}
+            reward = self.config.failure_reward
         await db(services.finish_rollout)(
-            rollout.pk, status=RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED, reward=reward,
+            rollout.pk, status=RolloutStatus.FAILED if kind else RolloutStatus.SUCCEEDED, reward=reward,
             reward_detail=detail, exit_code=out.exit_code, stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail,
-            error=error)
-        calls = await db(_call_records)(rollout.pk)
-        return scheduler.RolloutResult(group, str(rollout.pk), calls, reward or 0.0, failed=failed, error=error)
+            error=error, failure_kind=kind)
+        return scheduler.RolloutResult(group, str(rollout.pk), calls, reward or 0.0, failure_kind=kind, error=error)
 
     async def _score(self, task: Task, out) -> tuple[float | None, dict, str]:
+        """The reward script's reward and detail, or the reason there is none."""
         if out.error and out.exit_code is None:
-            return None, {}, out.error
+            return None, {}, ""  # the harness never ran: nothing to score
         script = self.run.reward_snapshot
         result = await asyncio.to_thread(services.score_reward, script["source"], task.data, out.outcome,
                                          script["timeout_s"])
         if not result.ok:
             return None, {"reward_error": result.error, "reward_output": result.output}, f"reward: {result.error}"
-        return result.reward, result.detail, out.error
+        return result.reward, result.detail, ""
 
 
-def _call_records(rollout_id: int) -> tuple[CallRecord, ...]:
-    """Calls the trainer may learn from: answered, with complete token capture."""
-    rows = ModelCall.objects.filter(rollout_id=rollout_id, status_code=200, error="").order_by("seq")
-    return tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
-                            logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
-                            policy_version=c.policy_version)
-                 for c in rows if c.completion_ids and len(c.logprobs) == len(c.completion_ids))
+def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: str) -> tuple[str, str]:
+    """(failure kind, error) of a finished attempt: '' when it succeeded.
+
+    Infrastructure: the harness could not start, the reward script crashed, or the harness failed after an engine
+    or proxy error answered one of its calls. Policy: the harness timed out or exited non-zero after the model had answered (what the model
+    did caused it). A harness that fails before any answer tells nothing about the model: infrastructure.
+    """
+    if out.error and out.exit_code is None:
+        return scheduler.INFRA_FAILURE, out.error
+    if reward_error:
+        return scheduler.INFRA_FAILURE, reward_error
+    if not out.error:
+        return "", ""  # engine trouble the harness recovered from (a retried call) is no failure
+    if trouble:
+        return scheduler.INFRA_FAILURE, f"{out.error} after {trouble}"
+    if calls:
+        return scheduler.POLICY_FAILURE, out.error
+    return scheduler.INFRA_FAILURE, f"{out.error} before the model answered any call"
+
+
+ENGINE_TROUBLE = (429, 500, 502, 503, 504)
+"""Statuses of calls the engine or the proxy could not serve (a 499 is the harness hanging up: its own doing)."""
+
+
+def _calls_of(rollout_id: int) -> tuple[tuple[CallRecord, ...], str]:
+    """Calls the trainer may learn from (delivered, with complete token capture), and the first engine trouble."""
+    rows = list(ModelCall.objects.filter(rollout_id=rollout_id).order_by("seq")
+                .only("seq", "status_code", "error", "prompt_ids", "completion_ids", "logprobs", "finish_reason",
+                      "policy_version"))
+    trouble = next((f"engine or proxy error on call {c.seq}: {c.error or c.status_code}" for c in rows
+                    if c.status_code in ENGINE_TROUBLE), "")
+    calls = tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
+                             logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
+                             policy_version=c.policy_version)
+                  for c in rows if c.status_code == 200 and not c.error and c.completion_ids
+                  and len(c.logprobs) == len(c.completion_ids))
+    return calls, trouble
 
 
 def model_folder(run: Run) -> Path:
@@ -136,6 +172,22 @@ def execute(run_id: int) -> str:
 
 
 async def _execute(run_id: int) -> str:
+    """The run as one task that a cancel stops at any moment: engine start, evaluation, rollouts or training."""
+    main = asyncio.create_task(_serve_and_train(run_id))
+    watcher = asyncio.create_task(_watch_cancel(run_id, main))
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if not watcher.done() or not await _cancel_requested(run_id):
+            raise
+        # Every process is gone by now: the engine's and the harnesses' context managers ran on the way out.
+        await db(services.cancel_unfinished_rollouts)(run_id, "cancelled with its run")
+        return await _end(run_id, RunStatus.CANCELLED, "cancelled by its owner")
+    finally:
+        watcher.cancel()
+
+
+async def _serve_and_train(run_id: int) -> str:
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
     folder = model_folder(run)
@@ -148,22 +200,54 @@ async def _execute(run_id: int) -> str:
                             "use a local harness")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
     await _log(run_id, f"starting the engine for {run.model} (vLLM; about a minute on CPU)")
-    from trainer.engine import EngineConfig, managed_engine
+    from trainer.engine import EngineConfig, serving_engine
 
     engine_config = EngineConfig(model_path=str(folder), max_model_len=config.max_model_len,
                                  kv_cache_gb=config.kv_cache_gb, seed=config.seed)
-    with managed_engine(engine_config, workdir / "engine") as engine:
-        if await _cancel_requested(run_id):
-            return await _end(run_id, RunStatus.CANCELLED, "cancelled while starting")
+    async with serving_engine(engine_config, workdir / "engine") as engine:
         await db(services.transition_run)(run_id, RunStatus.RUNNING)
-        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(),
-                         UpstreamConfig(base_url=engine.base_url + "/v1", served_model=engine_config.served_model_name),
-                         policy_version=lambda: engine.version)
+        upstream = UpstreamConfig(base_url=engine.base_url + "/v1", served_model=engine_config.served_model_name,
+                                  sampling=config.sampling)
+        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version)
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:
-            return await _train(run, config, folder, engine, server, workdir, train_ids)
+            return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids)
         finally:
-            server.stop()
+            await asyncio.to_thread(server.stop)
+
+
+class GatedEngine:
+    """The scheduler's Engine: a weight update first closes the proxy's gate and drains it, then pauses vLLM.
+
+    The proxy stamps a call with the version served when the gate admits it. With the gate closed during the
+    swap, every call admitted before it finishes on the old weights and every call after it starts on the new
+    ones, so each recorded call's version is that of the weights that produced it.
+    """
+
+    def __init__(self, engine, server: ProxyServer):
+        self.engine, self.server = engine, server
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def busy_seconds(self) -> float:
+        """Wall time with at least one model call in flight through the proxy: the run's generation time."""
+        return self.server.app.busy_seconds
+
+    async def pause(self) -> None:
+        await asyncio.to_thread(self.server.pause)
+        await self.engine.pause()
+
+    async def update_weights(self, model, version: int) -> None:
+        await self.engine.update_weights(model, version)
+
+    async def resume(self) -> None:
+        try:
+            await self.engine.resume()
+        finally:
+            await asyncio.to_thread(self.server.resume)
 
 
 async def _train(run, config, folder, engine, server, workdir, train_ids) -> str:
@@ -172,32 +256,27 @@ async def _train(run, config, folder, engine, server, workdir, train_ids) -> str
 
     from trainer.policy import Policy
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    policy = Policy(model, config)
+    def load() -> tuple:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return tokenizer, Policy(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
+
+    tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
     source = HarnessSource(run, config, server, workdir, train_ids)
     evaluator = Evaluator(run, config, source)
     await evaluator.maybe(0, force=True)
+    overridden = _Counter(lambda: server.app.sampling_override_calls)
 
     async def on_step(report: scheduler.StepReport) -> None:
+        # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
+        report.metrics["proxy/sampling_overridden_calls"] = float(overridden.delta())
         await db(services.record_step)(run.pk, report.policy_version, report.policy_version,
                                        _sample_rows(report), _drift_rows(report), report.metrics)
         await _log(run.pk, f"step {report.policy_version}/{config.steps}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)
 
-    training = asyncio.create_task(scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
-                                                 checkpoint_dir=workdir / "checkpoints"))
-    watcher = asyncio.create_task(_watch_cancel(run.pk, training))
-    try:
-        await training
-    except asyncio.CancelledError:
-        if not watcher.done() or not await _cancel_requested(run.pk):
-            raise
-        await db(services.cancel_unfinished_rollouts)(run.pk, "cancelled with its run")
-        return await _end(run.pk, RunStatus.CANCELLED, "cancelled by its owner")
-    finally:
-        watcher.cancel()
+    await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
+                        checkpoint_dir=workdir / "checkpoints")
     checkpoints = sorted((workdir / "checkpoints").glob("step-*"))
     fields = {"checkpoint_path": str(checkpoints[-1])} if checkpoints else {}
     await db(services.transition_run)(run.pk, RunStatus.SUCCEEDED, **fields)
@@ -225,11 +304,25 @@ class Evaluator:
                 return await self.source.attempt(task, "val", step, index, 0)
 
         results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
-        rewards = [r.reward for r in results]
-        passed = [float(r.reward >= self.config.pass_threshold and not r.failed) for r in results]
+        # An infrastructure failure says nothing about the policy: it leaves the denominator too.
+        counted = [r for r in results if r.failure_kind != scheduler.INFRA_FAILURE]
+        passed = [float(r.reward >= self.config.pass_threshold and not r.failed) for r in counted]
+        n = max(len(counted), 1)
         await db(services.record_metrics)(self.run.pk, step, {
-            "eval/pass@1": sum(passed) / len(passed), "eval/reward_mean": sum(rewards) / len(rewards),
-            "eval/tasks": float(len(results))})
+            "eval/pass@1": sum(passed) / n, "eval/reward_mean": sum(r.reward for r in counted) / n,
+            "eval/tasks": float(len(results)), "eval/infra_failures": float(len(results) - len(counted))})
+
+
+class _Counter:
+    """Differences of an ever-growing count between two reads."""
+
+    def __init__(self, read):
+        self.read, self.last = read, read()
+
+    def delta(self) -> int:
+        now = self.read()
+        delta, self.last = now - self.last, now
+        return delta
 
 
 def _sample_rows(report: scheduler.StepReport) -> list[dict]:

@@ -29,7 +29,13 @@ class TrainerConfig:
     learning_rate: float = 1e-5
     """AdamW learning rate."""
     temperature: float = 0.7
-    """Sampling temperature used by the engine for rollouts; the trainer scales logits by it too."""
+    """Sampling temperature of every rollout call (the proxy enforces it); the trainer scales logits by it too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, enforced by the proxy; only 1.0 (off): the trainer cannot reproduce its renormalisation."""
+    top_k: int = -1
+    """Sample among the k most likely tokens (enforced by the proxy, reproduced by the trainer); -1 or 0: off."""
+    failure_reward: float = 0.0
+    """Reward of a policy failure (the harness timed out or exited non-zero after the model answered)."""
     mode: str = "sync"
     """Scheduling mode: 'sync' (generate, train, sync weights) or 'async' (groups stay in flight while training)."""
     seed: int = 0
@@ -39,7 +45,7 @@ class TrainerConfig:
     loss_agg: str = "token_mean"
     """Loss aggregation: 'token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm' or 'rollout_mean'."""
     loss_norm_tokens: int = 0
-    """Divisor of 'seq_mean_token_sum_norm' (Dr. GRPO's constant); 0 means the longest sample in the step."""
+    """Divisor of 'seq_mean_token_sum_norm' (Dr. GRPO's constant); 0: the most loss tokens of a sample in the step."""
     adv_eps: float = 1e-6
     """Added to the group std in 'grpo' so equal-reward groups do not divide by zero."""
     clip_low: float = 0.2
@@ -52,8 +58,12 @@ class TrainerConfig:
     """Weight of the k3 KL penalty to the frozen initial model; 0 keeps no reference model."""
     updates_per_step: int = 1
     """Optimizer steps per training step (the batch is split into this many mini-batches)."""
-    micro_batch_tokens: int = 4096
-    """Token budget of one packed micro-batch (gradients accumulate over micro-batches)."""
+    micro_batch_tokens: int = 1024
+    """Padded positions (rows x row width, padding included) per micro-batch; a longer sample goes alone."""
+    max_train_memory_gb: float = 5.0
+    """Peak memory of a training step in GB: lowers micro_batch_tokens to fit (trainer.memory); 0: no limit."""
+    gradient_checkpointing: bool = False
+    """Recompute layers in backward: 4.7x less activation memory, 15-20% fewer tokens/s (SmolLM2 on CPU)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 disables clipping."""
     weight_decay: float = 0.0
@@ -89,6 +99,11 @@ class TrainerConfig:
         if self.mode == "sync":
             return self.tasks_per_step
         return self.groups_in_flight or self.tasks_per_step * (self.max_staleness + 1)
+
+    @property
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling parameters the proxy puts on every engine call (whatever the harness asked for)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
     @property
     def effective_max_staleness(self) -> int:
@@ -141,6 +156,12 @@ def _check_optimisation(c: TrainerConfig) -> None:
     if c.temperature <= 0:
         raise ConfigError(f"temperature must be positive (greedy decoding has no usable logprobs), "
                           f"got {c.temperature}; set e.g. 0.7")
+    if c.top_p != 1.0:
+        raise ConfigError(f"top_p={c.top_p} is not supported: the trainer cannot reproduce nucleus sampling's "
+                          "renormalised distribution, so its logprobs would not match the engine's; set top_p=1.0 "
+                          "(use temperature or top_k to sharpen sampling)")
+    if c.top_k < -1:
+        raise ConfigError(f"top_k must be -1 or 0 (off) or a positive number of tokens, got {c.top_k}")
     if not 0 < c.clip_low < 1:
         raise ConfigError(f"clip_low must be in (0, 1) so 1 - clip_low stays positive, got {c.clip_low}; set e.g. 0.2")
     if c.clip_high <= 0:
@@ -148,7 +169,7 @@ def _check_optimisation(c: TrainerConfig) -> None:
     if c.tis_cap != 0 and c.tis_cap < 1:
         raise ConfigError(f"tis_cap below 1 would down-weight even on-policy tokens, got {c.tis_cap}; "
                           "set tis_cap >= 1 or 0 to disable the correction")
-    for name in ("kl_coef", "max_grad_norm", "weight_decay", "adv_eps"):
+    for name in ("kl_coef", "max_grad_norm", "weight_decay", "adv_eps", "max_train_memory_gb"):
         if getattr(c, name) < 0:
             raise ConfigError(f"{name} must not be negative, got {getattr(c, name)}; set {name} >= 0")
     if c.updates_per_step > c.tasks_per_step * c.group_size:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from trainer.algorithms import Metrics, loss_weights, policy_loss
 from trainer.config import TrainerConfig
+from trainer.memory import GB, micro_batch_positions, peak_rss_bytes, release_free_memory, reset_peak_rss, rss_bytes
 from trainer.samples import Sample
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.pt"
 REFERENCE_FILE = "reference.safetensors"
+MIN_LOGPROB = -50.0
 
 
 @dataclass(frozen=True)
@@ -53,20 +55,42 @@ class PackedBatch:
         return PackedBatch(**tensors, num_tokens=self.num_tokens)
 
 
-def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
-    """First-fit-decreasing packing of whole samples into rows; loss tokens are listed in sample order."""
-    width = max(len(s.token_ids) for s in samples)
+def layout(lengths: Sequence[int]) -> list[list[int]]:
+    """The rows `pack` makes: first-fit-decreasing of whole samples into rows as wide as the longest one.
+
+    Returns the sample indices placed in each row, in placement order (offsets follow from the lengths).
+    """
+    width = max(lengths)
     rows: list[list[int]] = []
-    placement: dict[int, tuple[int, int]] = {}  # sample -> (row, offset)
-    for k in sorted(range(len(samples)), key=lambda k: -len(samples[k].token_ids)):
-        n = len(samples[k].token_ids)
-        r = next((i for i, row in enumerate(rows) if len(row) + n <= width), len(rows))
+    used: list[int] = []
+    for k in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        r = next((i for i, u in enumerate(used) if u + lengths[k] <= width), len(rows))
         if r == len(rows):
             rows.append([])
-        placement[k] = (r, len(rows[r]))
-        rows[r].extend(range(n))  # position ids for now; token ids are written below
-    ids = torch.zeros(len(rows), width, dtype=torch.long)  # (R, L) padding is token 0 ...
-    positions = torch.tensor([row + list(range(width - len(row))) for row in rows])  # ... in its own segment
+            used.append(0)
+        rows[r].append(k)
+        used[r] += lengths[k]
+    return rows
+
+
+def padded_positions(lengths: Sequence[int]) -> int:
+    """Rows x width of the batch `pack` makes of samples of these lengths: what a micro-batch costs."""
+    return len(layout(lengths)) * max(lengths)
+
+
+def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
+    """First-fit-decreasing packing of whole samples into rows; loss tokens are listed in sample order."""
+    lengths = [len(s.token_ids) for s in samples]
+    width = max(lengths)
+    placement: dict[int, tuple[int, int]] = {}  # sample -> (row, offset)
+    positions: list[list[int]] = []
+    for r, row in enumerate(layout(lengths)):
+        positions.append([])
+        for k in row:
+            placement[k] = (r, len(positions[r]))
+            positions[r].extend(range(lengths[k]))
+        positions[r].extend(range(width - len(positions[r])))  # padding is a segment of its own
+    ids = torch.zeros(len(positions), width, dtype=torch.long)  # (R, L) padding is token 0
     rows_, cols, targets, behaviour, owner = [], [], [], [], []
     for k, sample in enumerate(samples):
         r, offset = placement[k]
@@ -79,28 +103,35 @@ def pack(samples: Sequence[Sample], first_index: int = 0) -> PackedBatch:
                 behaviour.append(lp)
                 owner.append(first_index + k)
     long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return PackedBatch(ids, positions, long(rows_), long(cols), long(targets),
-                       torch.tensor(behaviour, dtype=torch.float32), long(owner),
-                       sum(len(s.token_ids) for s in samples))
+    return PackedBatch(ids, torch.tensor(positions), long(rows_), long(cols), long(targets),
+                       torch.tensor(behaviour, dtype=torch.float32), long(owner), sum(lengths))
 
 
-def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
-    """Greedy contiguous split into index lists of at most `token_budget` tokens (a longer sample goes alone)."""
+def micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Greedy contiguous split into index lists whose `pack` is at most `budget` padded positions (rows x width).
+
+    A sample longer than the budget goes alone. Contiguous, so loss weights over the mini-batch slice in order.
+    """
     batches: list[list[int]] = []
-    used = token_budget + 1
+    lengths: list[int] = []
     for i, sample in enumerate(samples):
         n = len(sample.token_ids)
-        if used + n > token_budget:
-            batches.append([])
-            used = 0
-        batches[-1].append(i)
-        used += n
+        if batches and padded_positions(lengths + [n]) <= budget:
+            batches[-1].append(i)
+            lengths.append(n)
+        else:
+            batches.append([i])
+            lengths = [n]
     return batches
 
 
 def token_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.0,
-                   autocast_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-    """Logprob of each target and the entropy at its position, both (M,); logits only where a loss token is."""
+                   autocast_dtype: torch.dtype | None = None, top_k: int = -1) -> tuple[Tensor, Tensor]:
+    """Logprob of each target and the entropy at its position, both (M,); logits only where a loss token is.
+
+    The distribution is the one the engine samples from and reports with `--logprobs-mode processed_logprobs`:
+    logits / temperature, restricted to the `top_k` largest when top_k > 0, renormalised.
+    """
     device = next(model.parameters()).device
     batch = batch.to(device)
     ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext()
@@ -108,10 +139,21 @@ def token_logprobs(model: nn.Module, batch: PackedBatch, temperature: float = 1.
         hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids,
                                      use_cache=False).last_hidden_state  # (R, L, H)
         logits = model.get_output_embeddings()(hidden[batch.logit_rows, batch.logit_cols])  # (M, V)
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (M, V)
-    logp = logp_all.gather(1, batch.targets[:, None])[:, 0]  # (M,)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).detach()  # (M,)
+    logp_all = torch.log_softmax(sampling_logits(logits.float(), temperature, top_k), dim=-1)  # (M, V)
+    # A sampled token just outside the trainer's top k (ties, rounding) would be -inf and poison the loss.
+    logp = logp_all.gather(1, batch.targets[:, None])[:, 0].clamp(min=MIN_LOGPROB)  # (M,)
+    probs = logp_all.exp()
+    entropy = -torch.where(probs > 0, probs * logp_all, 0.0).sum(-1).detach()  # (M,) masked tokens add 0
     return logp, entropy
+
+
+def sampling_logits(logits: Tensor, temperature: float, top_k: int = -1) -> Tensor:
+    """(M, V) logits of the sampling distribution: scaled by temperature, -inf outside the top k (k > 0)."""
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (M, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
 
 
 class Policy:
@@ -119,9 +161,17 @@ class Policy:
 
     def __init__(self, model: nn.Module, config: TrainerConfig):
         self.model, self.config = model, config
+        # Fails fast (ConfigError) when max_train_memory_gb cannot hold even this model's optimizer state.
+        self.micro_batch_positions = micro_batch_positions(config, model.config,
+                                                           sum(p.numel() for p in model.parameters()))
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
+        if config.gradient_checkpointing:  # after the copy: the reference never runs backward
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        logger.info("micro-batches of at most %d padded positions (micro_batch_tokens=%d, max_train_memory_gb=%s, "
+                    "gradient_checkpointing=%s)", self.micro_batch_positions, config.micro_batch_tokens,
+                    config.max_train_memory_gb, config.gradient_checkpointing)
         self.step = 0
         self._autocast = torch.bfloat16 if config.dtype == "bfloat16" else None
 
@@ -132,7 +182,8 @@ class Policy:
     def logprobs(self, samples: Sequence[Sample]) -> tuple[Tensor, Tensor]:
         """(M,) logprobs and entropies of all loss tokens of `samples`, without gradients."""
         with torch.no_grad():
-            return token_logprobs(self.model, pack(samples), self.config.temperature, self._autocast)
+            return token_logprobs(self.model, pack(samples), self.config.temperature, self._autocast,
+                                  self.config.top_k)
 
     def train_step(self, samples: Sequence[Sample], advantages: Sequence[float], rollouts: Sequence[int]
                    ) -> Metrics:
@@ -145,10 +196,11 @@ class Policy:
         if not samples:  # every rollout failed: nothing to learn from, but the step still counts
             self.step += 1
             return {"train/samples": 0, "train/tokens": 0, "train/seconds": 0.0}
+        reset_peak_rss()
         self.model.train()
         adv = torch.tensor(advantages, dtype=torch.float32)  # (S,)
         rollout = torch.tensor(rollouts, dtype=torch.long)  # (S,)
-        norm = self.config.loss_norm_tokens or max(len(s.token_ids) for s in samples)
+        norm = self.config.loss_norm_tokens or max(1, max(s.num_loss_tokens for s in samples))
         old = self._old_logprobs(samples)
         totals = _MetricSum(sum_losses=False)  # mini-batch losses are each a mean: average them
         for part in _split(len(samples), self.config.updates_per_step):
@@ -156,9 +208,12 @@ class Policy:
                                     None if old is None else [old[i] for i in part]))
         self.step += 1
         seconds = time.perf_counter() - start
+        release_free_memory()  # the activations are gone: let RSS fall while the engine generates
         metrics = totals.result()
         metrics.update({"train/samples": len(samples), "train/seconds": seconds,
-                        "train/tokens_per_s": metrics["train/tokens"] / max(seconds, 1e-9)})
+                        "train/tokens_per_s": metrics["train/tokens"] / max(seconds, 1e-9),
+                        "train/micro_batch_positions": self.micro_batch_positions,
+                        "train/peak_rss_gb": peak_rss_bytes() / GB, "train/rss_gb": rss_bytes() / GB})
         return metrics
 
     def _old_logprobs(self, samples: Sequence[Sample]) -> list[Tensor] | None:
@@ -166,7 +221,7 @@ class Policy:
         if self.config.updates_per_step == 1:
             return None
         out: list[Tensor] = []
-        for indices in micro_batches(samples, self.config.micro_batch_tokens):
+        for indices in micro_batches(samples, self.micro_batch_positions):
             chunk = [samples[i] for i in indices]
             logp, _ = self.logprobs(chunk)  # (M,) in sample order
             out.extend(logp.split([sum(s.loss_mask[1:]) for s in chunk]))
@@ -178,7 +233,7 @@ class Policy:
         owner = pack(samples).sample_index  # (M,) over the whole mini-batch, for global loss weights
         weights = loss_weights(self.config.loss_agg, torch.ones(len(owner)), owner, rollout[owner], norm).float()
         totals, offset = _MetricSum(), 0
-        for indices in micro_batches(samples, self.config.micro_batch_tokens):
+        for indices in micro_batches(samples, self.micro_batch_positions):
             batch = pack([samples[i] for i in indices], first_index=indices[0])
             m = len(batch.targets)
             metrics = self._backward(batch, adv[batch.sample_index], weights[offset:offset + m],
@@ -197,11 +252,13 @@ class Policy:
         device = next(self.model.parameters()).device
         batch, adv, weights = batch.to(device), adv.to(device), weights.to(device)
         old = None if old is None else old.to(device)
-        logp, entropy = token_logprobs(self.model, batch, self.config.temperature, self._autocast)
+        logp, entropy = token_logprobs(self.model, batch, self.config.temperature, self._autocast,
+                                       self.config.top_k)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref, _ = token_logprobs(self.reference, batch, self.config.temperature, self._autocast)
+                ref, _ = token_logprobs(self.reference, batch, self.config.temperature, self._autocast,
+                                        self.config.top_k)
         c = self.config
         loss, metrics = policy_loss(logp, logp.detach() if old is None else old, batch.behaviour, adv, weights,
                                     clip_low=c.clip_low, clip_high=c.clip_high, tis_cap=c.tis_cap,

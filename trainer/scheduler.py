@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import random
@@ -31,6 +32,10 @@ class GroupRequest:
     """Policy version at admission: staleness is counted from it."""
 
 
+POLICY_FAILURE, INFRA_FAILURE = "policy", "infra"
+FAILURE_KINDS = ("", POLICY_FAILURE, INFRA_FAILURE)
+
+
 @dataclass(frozen=True)
 class RolloutResult:
     """A finished (or failed) rollout: its recorded calls in order and its reward."""
@@ -39,9 +44,19 @@ class RolloutResult:
     rollout_id: str
     calls: tuple[CallRecord, ...]
     reward: float
-    failed: bool = False
-    """A failed rollout keeps its reward in its group's baseline; its tokens get no loss weight."""
+    failure_kind: str = ""
+    """'' (finished), 'policy' (the harness timed out or exited non-zero after the model answered: its tokens
+    are trained with config.failure_reward, pushing the model away from what caused it) or 'infra' (engine,
+    proxy, worker or reward-script trouble: left out of the loss and of the group baseline)."""
     error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.failure_kind not in FAILURE_KINDS:
+            raise ValueError(f"failure_kind must be one of {list(FAILURE_KINDS)}, got {self.failure_kind!r}")
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure_kind)
 
 
 class RolloutSource(Protocol):
@@ -121,6 +136,8 @@ class Scheduler:
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
+        # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
+        self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
     @property
     def version(self) -> int:
@@ -145,6 +162,7 @@ class Scheduler:
         finally:
             for group_id in list(self.groups):
                 await self.source.cancel(group_id)
+            self._trainer_thread.shutdown(wait=False)
         return self.reports
 
     # ---- admission and batching ------------------------------------------------------------------------
@@ -181,21 +199,22 @@ class Scheduler:
         rollouts = [r for g in batch for r in g.results]
         trained, drift, rollout_index, advantage_metrics = self._samples(batch)
         samples = [t.sample for t in trained]
-        drain_start = time.perf_counter()
-        await self.engine.pause()  # drained calls are generation: the engine's busy time counts them
         train_start = time.perf_counter()
-        metrics = await asyncio.to_thread(self.policy.train_step, samples, [t.advantage for t in trained],
-                                          rollout_index)
+        # Harnesses keep generating (async mode) while the trainer works; the engine pauses only for the swap.
+        metrics = await asyncio.get_running_loop().run_in_executor(
+            self._trainer_thread, self.policy.train_step, samples, [t.advantage for t in trained], rollout_index)
         train_end = time.perf_counter()
+        await self.engine.pause()  # every call in flight finishes on the weights that admitted it
+        drained = time.perf_counter()
         try:
             await self.engine.update_weights(self.policy.model, self.policy.version)
         finally:  # never leave harnesses' calls held by a paused engine, even when the update failed
             await self.engine.resume()
-        sync_seconds = time.perf_counter() - train_end
-        metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold))
+        sync_seconds = time.perf_counter() - drained
+        metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold, self.reward_of))
         metrics.update(advantage_metrics)
         metrics.update(clock.split(train_end - train_start, sync_seconds))
-        metrics["time/drain"] = train_start - drain_start
+        metrics["time/drain"] = drained - train_end
         generated = sum(len(c.completion_ids) for r in rollouts for c in r.calls)
         metrics["rollout/generated_tokens_per_s"] = generated / max(metrics["time/step"], 1e-9)
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
@@ -208,23 +227,32 @@ class Scheduler:
 
     def _samples(self, batch: list[_Group]
                  ) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int], dict[str, float]]:
-        """Samples of every successful rollout with its group advantage; failed ones only shape the baseline."""
-        rollouts = [r for g in batch for r in g.results]
-        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
-        groups = torch.tensor([r.group_id for r in rollouts])
+        """Samples of every rollout but infrastructure failures, with its group advantage.
+
+        Policy failures are trained with `failure_reward`; infrastructure failures say nothing about the policy,
+        so they are left out of both the loss and the group baseline.
+        """
+        all_rollouts = [r for g in batch for r in g.results]
+        drift = {r.rollout_id: build_samples(r.calls, self.decode).drift for r in all_rollouts
+                 if r.failure_kind == INFRA_FAILURE}
+        rollouts = [r for r in all_rollouts if r.failure_kind != INFRA_FAILURE]
+        rewards = torch.tensor([self.reward_of(r) for r in rollouts], dtype=torch.float64)
+        groups = torch.tensor([r.group_id for r in rollouts], dtype=torch.long)
         advantages, metrics = compute_advantages(self.config.advantage, rewards, groups, self.config.adv_eps)
-        trained, drift, owners = [], {}, []
+        trained, owners = [], []
         for i, r in enumerate(rollouts):
             built = build_samples(r.calls, self.decode)
             drift[r.rollout_id] = built.drift
-            if r.failed:
-                continue
             for sample in built.samples:
                 trained.append((r.rollout_id, sample))
                 owners.append(i)
         sample_adv = broadcast_to_samples(advantages, torch.tensor(owners, dtype=torch.long)).tolist()
         out = [TrainedSample(rid, s, a, self.version - s.min_version) for (rid, s), a in zip(trained, sample_adv)]
         return out, drift, owners, metrics
+
+    def reward_of(self, rollout: RolloutResult) -> float:
+        """The reward a rollout is trained with: failure_reward for a policy failure."""
+        return self.config.failure_reward if rollout.failure_kind == POLICY_FAILURE else rollout.reward
 
     def _maybe_checkpoint(self) -> None:
         every, step = self.config.checkpoint_every, self.policy.step
@@ -257,9 +285,14 @@ class _Clock:
 
 
 def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample],
-                    drift: dict[str, dict[int, str]], pass_threshold: float) -> dict[str, float]:
-    """Reward, pass rate, lengths, staleness and drift rates of one step."""
-    rewards = [r.reward for r in rollouts]
+                    drift: dict[str, dict[int, str]], pass_threshold: float,
+                    reward_of: Callable[[RolloutResult], float] = lambda r: r.reward) -> dict[str, float]:
+    """Reward, pass rate, failures, lengths, staleness and drift rates of one step.
+
+    Rewards are the trained ones (`reward_of`) over the rollouts that count: infrastructure failures are left out.
+    """
+    counted = [r for r in rollouts if r.failure_kind != INFRA_FAILURE]
+    rewards = [reward_of(r) for r in counted] or [0.0]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
     later = [kind for calls in drift.values() for seq, kind in sorted(calls.items())[1:]]  # first call: nothing to drift from
@@ -269,6 +302,8 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
         "reward/mean": mean, "reward/std": std,
         "reward/pass_rate": sum(x >= pass_threshold for x in rewards) / len(rewards),
         "rollout/failed_frac": sum(r.failed for r in rollouts) / len(rollouts),
+        "rollout/policy_failures": float(sum(r.failure_kind == POLICY_FAILURE for r in rollouts)),
+        "rollout/infra_failures": float(sum(r.failure_kind == INFRA_FAILURE for r in rollouts)),
         "rollout/calls_mean": sum(len(r.calls) for r in rollouts) / len(rollouts),
         "length/completion_tokens_mean": sum(completion) / len(completion),
         "length/sample_tokens_mean": (sum(len(t.sample.token_ids) for t in trained) / len(trained)) if trained else 0.0,

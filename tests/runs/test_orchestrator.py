@@ -1,6 +1,7 @@
 """A whole run on the CPU: vLLM serving a tiny model, real harness subprocesses through the proxy, GRPO steps."""
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,16 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
     statuses = [e.payload["status"] for e in run.events.filter(kind="run.status")]
     assert statuses == ["queued", "starting", "running", "succeeded"]
     assert ModelCall.objects.filter(rollout__run=run, policy_version=1).exists()  # served after the first sync
+    for call in calls:  # sync mode: a group admitted at version v is served by v alone
+        assert call.policy_version == call.rollout.step
+        # The harness asks for temperature 1.0; the proxy served the run's 0.7 and kept what was asked.
+        assert call.sampling_overrides == {"temperature": 1.0}
+    assert set(Rollout.objects.filter(run=run).values_list("failure_kind", flat=True)) == {""}
+    by_name = {(m.name, m.step): m.value for m in run.metrics.all()}
+    assert by_name[("proxy/sampling_overridden_calls", 1)] == 8.0  # 4 rollouts x 2 calls
+    assert by_name[("time/generate", 1)] > 0 and by_name[("time/generate", 2)] > 0
+    assert 0 < by_name[("train/logprob_mismatch_mean", 1)] <= by_name[("train/logprob_mismatch_max", 1)]
+    assert by_name[("rollout/infra_failures", 1)] == by_name[("rollout/policy_failures", 1)] == 0
 
 
 def test_a_running_run_is_cancelled_and_leaves_nothing_running(run_of, alice):
@@ -110,3 +121,75 @@ def test_a_running_run_is_cancelled_and_leaves_nothing_running(run_of, alice):
     run.refresh_from_db()
     assert run.status == "cancelled" and run.error == "cancelled by its owner" and run.step < 50
     assert not Rollout.objects.filter(run=run, status__in=("pending", "running")).exists()
+
+
+SLEEPER = "import sys, time\ntime.sleep(600)\n"
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live (non-zombie) processes that mention `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def cancel_when(run, alice, ready, timeout=300):
+    """Start the run on a thread, cancel it once `ready()` holds; returns (final status, seconds to cancelled)."""
+    finished = {}
+    worker = threading.Thread(target=lambda: finished.update(status=execute_run.apply(args=[run.pk]).get()))
+    worker.start()
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline and worker.is_alive():
+        time.sleep(0.2)
+    assert ready(), f"never got there; run is {Run.objects.get(pk=run.pk).status}"
+    services.cancel_run(Run.objects.get(pk=run.pk), alice)
+    asked = time.monotonic()
+    while Run.objects.get(pk=run.pk).status != "cancelled" and time.monotonic() - asked < 60:
+        time.sleep(0.1)
+    landed = time.monotonic() - asked
+    worker.join(timeout=60)
+    assert not worker.is_alive() and finished["status"] == "cancelled"
+    return landed
+
+
+def test_a_cancel_during_engine_start_lands_within_10_s_and_stops_the_engine(run_of, alice, tmp_path):
+    run = run_of({})
+    run_dir = str(tmp_path / "runs" / f"run-{run.pk}")
+
+    def engine_starting():
+        return any("vllm.entrypoints" in c for c in processes_mentioning(run_dir)) and \
+            Run.objects.get(pk=run.pk).status == "starting"
+
+    landed = cancel_when(run, alice, engine_starting)
+    print(f"\nCANCEL during engine start landed in {landed:.1f} s")
+    assert landed < 10
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.error == "cancelled by its owner"
+    assert processes_mentioning(run_dir) == []
+    assert not Rollout.objects.filter(run=run).exists()
+
+
+def test_a_cancel_during_the_step_0_evaluation_lands_within_10_s_and_kills_the_harnesses(run_of, alice, tmp_path):
+    run = run_of({})
+    (tmp_path / "harness.py").write_text(SLEEPER)  # every attempt hangs: the step-0 evaluation never ends
+
+    def evaluating():
+        return Rollout.objects.filter(run=run, split="val", status="running").count() == 2
+
+    landed = cancel_when(run, alice, evaluating)
+    print(f"\nCANCEL during the step-0 evaluation landed in {landed:.1f} s")
+    assert landed < 10
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.step == 0
+    assert set(Rollout.objects.filter(run=run).values_list("split", "status")) == {("val", "cancelled")}
+    assert processes_mentioning(str(tmp_path / "harness.py")) == []
+    assert processes_mentioning(str(tmp_path / "runs" / f"run-{run.pk}")) == []

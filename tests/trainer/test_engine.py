@@ -1,4 +1,5 @@
 """Engine lifecycle and weight files without vLLM: a fake engine venv stands in for the server process."""
+import asyncio
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trainer.engine import serving_engine
 from trainer.engine.server import EngineConfig, EngineError, VLLMServer, build_command, build_env, group_alive
 from trainer.engine.sync import ExternalEngine, copy_weights, stage_model, write_weights
 
@@ -28,6 +30,8 @@ FAKE_SERVER = textwrap.dedent("""
         print("OSError: [Errno 98] Address already in use", flush=True)
         sys.exit(1)
     subprocess.Popen(["sleep", "300"])  # a helper process, like vLLM's engine core
+    if os.environ.get("FAKE_VLLM_SLOW_START"):
+        __import__("time").sleep(300)  # compiling, loading weights: no /health for minutes
     if os.environ.get("FAKE_VLLM_HANG"):
         signal_ignored = __import__("signal").signal(15, lambda *_: None)
     class Health(http.server.BaseHTTPRequestHandler):
@@ -74,9 +78,43 @@ def test_it_builds_the_module_command_and_dev_mode_env(tiny_model_dir, tmp_path)
     assert flags["--max-model-len"] == "512" and flags["--port"] == "8123"
     assert flags["--kv-cache-memory-bytes"] == str(2**29)
     assert cmd[-4:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enforce-eager"]
+    assert flags["--logprobs-mode"] == "processed_logprobs"  # the distribution it sampled from, as the trainer
     env = build_env(config)
     assert (env["HF_HUB_OFFLINE"], env["VLLM_SERVER_DEV_MODE"], env["X"]) == ("1", "1", "1")
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+async def test_cancelling_a_start_in_progress_stops_the_whole_group_within_seconds(tiny_model_dir, fake_venv,
+                                                                                  tmp_path):
+    config = _config(tiny_model_dir, fake_venv, extra_env={"FAKE_VLLM_SLOW_START": "1"})
+
+    async def serve():
+        async with serving_engine(config, tmp_path / "work", start_timeout=600):
+            raise AssertionError("the slow engine never becomes healthy")
+
+    task = asyncio.create_task(serve())
+    while not (pgid := _fake_server_group(tmp_path)):
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # the server is up and sleeping through its start, /health is not answering
+    task.cancel()
+    asked = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - asked < 10
+    assert not group_alive(pgid)
+
+
+def _fake_server_group(tmp_path) -> int | None:
+    """Process group of the fake engine server started from `tmp_path`, once it runs."""
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if "fake_server" in cmd and str(tmp_path) in cmd:
+            return int(stat[2])
+    return None
 
 
 def test_it_rejects_a_folder_without_a_model(tmp_path):

@@ -3,11 +3,12 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from tests.trainer.conftest import make_sample
 from trainer.config import TrainerConfig
 from trainer.inprocess import tiny_qwen2
-from trainer.policy import Policy, micro_batches, pack, read_checkpoint_config, token_logprobs
+from trainer.policy import Policy, micro_batches, pack, padded_positions, read_checkpoint_config, token_logprobs
 
 
 def unpacked_logprobs(model, samples, temperature):
@@ -46,9 +47,39 @@ def test_it_packs_first_fit_decreasing_with_loss_positions_one_before_each_loss_
     assert padded.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 1]]  # padding is a segment of its own
 
 
-def test_it_splits_micro_batches_by_token_budget():
-    samples = [make_sample([1] * n, [2]) for n in (3, 3, 9, 1, 1)]
-    assert micro_batches(samples, token_budget=8) == [[0, 1], [2], [3, 4]]
+def of_lengths(*lengths):
+    return [make_sample([1] * (n - 1), [2]) for n in lengths]
+
+
+@pytest.mark.parametrize("lengths, budget, expected", [
+    # 5 | 3 is 2 rows x 5 = 10 <= 11; a third row for the next 3 makes 15 (real tokens would be 11).
+    ((5, 3, 3), 11, [[0, 1], [2]]),
+    # 4 | 4 is 8; the 6 widens every row: 6 | 4 | 4 is 18 > 14 (real tokens would be 14).
+    ((4, 4, 6), 14, [[0, 1], [2]]),
+    # First-fit-decreasing shares a row: 6 | 2 2 2 is 2 rows x 6 = 12.
+    ((2, 2, 2, 6), 12, [[0, 1, 2, 3]]),
+    # A sample longer than the budget goes alone.
+    ((3, 20, 3), 10, [[0], [1], [2]]),
+    ((4, 4, 10, 2, 2), 8, [[0, 1], [2], [3, 4]]),
+])
+def test_it_splits_micro_batches_by_padded_positions(lengths, budget, expected):
+    samples = of_lengths(*lengths)
+    assert micro_batches(samples, budget) == expected
+    for indices in expected:
+        packed = pack([samples[i] for i in indices]).input_ids
+        assert packed.numel() == padded_positions([lengths[i] for i in indices])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=25), budget=st.integers(1, 120))
+def test_it_fills_each_micro_batch_greedily_up_to_its_packed_size(lengths, budget):
+    samples = of_lengths(*lengths)
+    batches = micro_batches(samples, budget)
+    assert [i for indices in batches for i in indices] == list(range(len(samples)))  # contiguous, in order
+    for indices, following in zip(batches, batches[1:] + [None]):
+        assert len(indices) == 1 or pack([samples[i] for i in indices]).input_ids.numel() <= budget
+        if following:  # greedy: the next sample did not fit
+            assert pack([samples[i] for i in indices + following[:1]]).input_ids.numel() > budget
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "rollout_mean", "seq_mean_token_sum_norm"])
@@ -140,3 +171,38 @@ def test_it_clips_the_second_mini_batch_against_the_logprobs_before_the_step(ran
     # The first mini-batch is on-policy (ratio 1); after a large step the second one's ratios move and clip.
     assert 0 < metrics["actor/clip_frac"] < 1
     assert metrics["actor/ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+
+
+def test_it_divides_dr_grpo_losses_by_the_most_completion_tokens_of_a_sample():
+    # 10 prompt + 3 completion tokens, and 2 + 5: 8 loss tokens over 2 samples, each with advantage 1.
+    samples = [make_sample([1] * 10, [2, 3, 4]), make_sample([5, 6], [7, 8, 9, 10, 11])]
+    losses = []
+    for norm in (0, 4):
+        config = TrainerConfig(loss_agg="seq_mean_token_sum_norm", loss_norm_tokens=norm, tis_cap=0.0)
+        losses.append(Policy(tiny_qwen2(), config).train_step(samples, [1.0, 1.0], [0, 1])["loss/policy"])
+    # On-policy, untruncated: every token's loss is -1, weighted 1 / (norm x 2 samples).
+    assert losses[0] == pytest.approx(-8 / (5 * 2))  # the longest completion is 5 tokens (not the 13-token sample)
+    assert losses[1] == pytest.approx(-8 / (4 * 2))  # a configured constant wins
+
+
+def test_it_computes_the_same_gradients_with_gradient_checkpointing(random_samples):
+    grads = []
+    for checkpointing in (False, True):
+        policy = Policy(tiny_qwen2(), TrainerConfig(gradient_checkpointing=checkpointing))
+        policy.optimizer.step = policy.optimizer.zero_grad = lambda *a, **k: None
+        policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
+        assert policy.model.is_activation_checkpointing is checkpointing
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
+    assert grads[0].norm() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_it_trains_in_micro_batches_of_the_configured_padded_positions(random_samples):
+    policy = Policy(tiny_qwen2(), TrainerConfig(micro_batch_tokens=24))
+    sizes = []
+    policy._backward = lambda batch, *a: sizes.append(batch.input_ids.numel()) or {}
+    metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
+    assert metrics["train/micro_batch_positions"] == 24
+    lengths = [len(s.token_ids) for s in random_samples]
+    assert sizes == [padded_positions([lengths[i] for i in indices]) for indices in micro_batches(random_samples, 24)]
+    assert max(sizes) <= 24 and len(sizes) > 1

@@ -33,7 +33,7 @@ class TickSource:
     Each call to next_finished advances the clock to the earliest pending finish, so the order is exact.
     """
 
-    def __init__(self, engine, durations=lambda g: 1, rewards=lambda g, a: float(a % 2), failed=lambda g, a: False,
+    def __init__(self, engine, durations=lambda g: 1, rewards=lambda g, a: float(a % 2), failed=lambda g, a: "",
                  calls=None):
         self.engine, self.durations, self.rewards, self.failed = engine, durations, rewards, failed
         self.calls = calls or (lambda g, a, v: (CallRecord(0, (1, 10 + g), (20 + a, 21), (-1.0, -1.0),
@@ -120,15 +120,37 @@ async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
     assert source.cancelled == [1, 2]  # group 0 was trained; 1 and 2 were still running
 
 
-async def test_it_keeps_failed_rollouts_in_the_baseline_without_training_on_them():
+async def test_infrastructure_failures_leave_both_the_loss_and_the_baseline():
     engine = SpyEngine()
-    source = TickSource(engine, rewards=lambda g, a: 1.0 if a == 0 else 0.0, failed=lambda g, a: a == 1)
-    reports = await run(policy(steps=1, advantage="dr_grpo"), engine, source)
+    rewards = {0: 1.0, 1: 0.0, 2: 0.0}
+    source = TickSource(engine, rewards=lambda g, a: rewards[a], failed=lambda g, a: "infra" if a == 2 else "")
+    reports = await run(policy(steps=1, group_size=3, advantage="dr_grpo"), engine, source)
     samples = reports[0].samples
-    assert [s.rollout_id for s in samples] == ["0/0", "1/0"]
-    assert [s.advantage for s in samples] == pytest.approx([0.5, 0.5])
-    assert reports[0].metrics["rollout/failed_frac"] == 0.5
-    assert set(reports[0].drift) == {"0/0", "0/1", "1/0", "1/1"}
+    assert [s.rollout_id for s in samples] == ["0/0", "0/1", "1/0", "1/1"]
+    # Baseline over the two counted rollouts (1 and 0): 0.5. With the infra failure in it, it would be 1/3.
+    assert [s.advantage for s in samples] == pytest.approx([0.5, -0.5, 0.5, -0.5])
+    m = reports[0].metrics
+    assert (m["rollout/infra_failures"], m["rollout/policy_failures"]) == (2.0, 0.0)
+    assert m["reward/mean"] == 0.5 and m["rollout/failed_frac"] == pytest.approx(1 / 3)
+    assert set(reports[0].drift) == {"0/0", "0/1", "0/2", "1/0", "1/1", "1/2"}  # still classified for the inspector
+
+
+async def test_policy_failures_are_trained_with_the_failure_reward():
+    engine = SpyEngine()
+    # Attempt 1 timed out after the model answered; its reward script said 1.0, but a failure earns failure_reward.
+    source = TickSource(engine, rewards=lambda g, a: 1.0, failed=lambda g, a: "policy" if a == 1 else "")
+    reports = await run(policy(steps=1, advantage="dr_grpo", failure_reward=-1.0), engine, source)
+    samples = reports[0].samples
+    assert [s.rollout_id for s in samples] == ["0/0", "0/1", "1/0", "1/1"]
+    assert [s.advantage for s in samples] == pytest.approx([1.0, -1.0, 1.0, -1.0])
+    m = reports[0].metrics
+    assert (m["rollout/policy_failures"], m["rollout/infra_failures"]) == (2.0, 0.0)
+    assert m["reward/mean"] == 0.0
+
+
+def test_a_rollout_result_refuses_an_unknown_failure_kind():
+    with pytest.raises(ValueError, match="failure_kind must be one of"):
+        RolloutResult(0, "0/0", (), 0.0, failure_kind="maybe")
 
 
 async def test_it_measures_drift_lengths_and_the_time_split():

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 LOG_TAIL_LINES = 40
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
 class EngineError(RuntimeError):
@@ -56,6 +58,9 @@ class EngineConfig:
     """vLLM --seed."""
     tool_call_parser: str | None = "hermes"
     """Enables tool_choice=auto with this parser; None leaves tool calling off."""
+    logprobs_mode: str = "processed_logprobs"
+    """vLLM --logprobs-mode: 'processed_logprobs' reports the logprobs of the distribution it sampled from
+    (after temperature and top-k), the ones the trainer recomputes; 'raw_logprobs' (vLLM's default) ignores them."""
     extra_args: tuple[str, ...] = ()
     """More vLLM command-line arguments, passed through."""
     extra_env: dict = field(default_factory=dict)
@@ -66,6 +71,8 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 16, got {self.max_model_len}")
         if self.kv_cache_gb <= 0:
             raise ValueError(f"kv_cache_gb must be positive, got {self.kv_cache_gb}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if not (Path(self.model_path) / "config.json").is_file():
             raise ValueError(f"model_path {self.model_path!r} has no config.json: import or build the model first")
 
@@ -97,6 +104,7 @@ def build_command(config: EngineConfig, port: int) -> list[str]:
     ]
     # One flag for CPU and GPU; it allows fractions, where VLLM_CPU_KVCACHE_SPACE takes whole GiB only.
     cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gb * 2**30))]
+    cmd += ["--logprobs-mode", config.logprobs_mode]
     if config.tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
     return cmd + list(config.extra_args)
@@ -131,6 +139,8 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="vllm-")) / "engine.log"
         self.port = config.port
         self.proc: subprocess.Popen | None = None
+        self._aborted = False
+        self._lock = threading.Lock()  # orders abort() against the launch in start() on another thread
 
     @property
     def base_url(self) -> str:
@@ -167,7 +177,9 @@ class VLLMServer:
         cmd = build_command(self.config, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM for %s on port %d (log %s)", self.config.model_path, self.port, self.log_path)
-        with open(self.log_path, "ab") as log:
+        with self._lock, open(self.log_path, "ab") as log:
+            if self._aborted:
+                raise EngineError("engine start aborted")
             self.proc = subprocess.Popen(
                 [str(python), str(WATCHDOG), str(os.getpid()), "--", *cmd],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -185,6 +197,8 @@ class VLLMServer:
         started = time.monotonic()
         next_note = started + 15
         while True:
+            if self._aborted:
+                raise EngineError("engine start aborted")
             code = self.proc.poll()
             if code is not None:
                 raise EngineError(f"vLLM exited with code {code} during startup; last log lines "
@@ -210,6 +224,12 @@ class VLLMServer:
             return httpx.get(f"{self.base_url}/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def abort(self, grace: float = 3.0) -> None:
+        """Stop the server from any thread, also while start() is still waiting for it (which then raises)."""
+        with self._lock:
+            self._aborted = True
+        self.stop(grace=grace)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

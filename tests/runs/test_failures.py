@@ -1,0 +1,162 @@
+"""Failures split by cause: policy failures are trained with failure_reward, infrastructure ones are left out.
+
+The attempts run real harness subprocesses through the real proxy (on its own thread, recording into the
+database) in front of a small fake vLLM, so the classification sees exactly what a run sees.
+"""
+import sys
+
+import pytest
+
+from proxy.app import create_app
+from proxy.server import ProxyServer
+from proxy.types import UpstreamConfig
+from runs.executor import Outcome
+from runs.models import Rollout, Run
+from runs.orchestrator import HarnessSource, failure_of
+from runs.recorder import DjangoRecorder, cached_directory
+from tests.proxy.fake_upstream import Fault, FakeVLLM
+from trainer.config import TrainerConfig
+from trainer.samples import CallRecord
+
+HARNESS = '''
+import json, os, sys, urllib.error, urllib.request
+task = json.load(open(sys.argv[1]))
+if task.get("exit_before_calling"):
+    sys.exit(3)
+body = {"model": "m", "messages": [{"role": "user", "content": task["question"]}], "max_tokens": 8}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                          "Content-Type": "application/json"})
+try:
+    answer = json.loads(urllib.request.urlopen(request, timeout=30).read())["choices"][0]["message"]["content"]
+except urllib.error.HTTPError as exc:
+    print("engine said", exc.code)
+    sys.exit(2)
+json.dump({"answer": answer}, open(sys.argv[2], "w"))
+sys.exit(task.get("exit_code", 0))
+'''
+pytestmark = pytest.mark.django_db(transaction=True)
+CRASHING_REWARD = "def reward(task, outcome):\n    return 1 / 0\n"
+CALL = CallRecord(0, (1, 2), (3,), (-0.5,))
+
+
+def outcome(exit_code=0, error="", timed_out=False):
+    return Outcome(exit_code, timed_out, "", "", {}, 1.0, error)
+
+
+@pytest.mark.parametrize("out, reward_error, calls, trouble, kind", [
+    (outcome(), "", (CALL,), "", ""),
+    (outcome(), "", (CALL,), "engine or proxy error on call 0: 502", ""),  # the harness recovered: no failure
+    (outcome(-9, "harness timed out after 5 s", True), "", (CALL,), "", "policy"),
+    (outcome(1, "harness exited with code 1"), "", (CALL,), "", "policy"),
+    (outcome(1, "harness exited with code 1"), "", (), "", "infra"),  # nothing answered: nothing to learn
+    (outcome(1, "harness exited with code 1"), "", (CALL,), "engine or proxy error on call 1: 502", "infra"),
+    (outcome(None, "harness could not start: [Errno 2]"), "", (), "", "infra"),
+    (outcome(), "reward: ZeroDivisionError", (CALL,), "", "infra"),
+])
+def test_failure_of_tells_policy_from_infrastructure(out, reward_error, calls, trouble, kind):
+    got, error = failure_of(out, reward_error, calls, trouble)
+    assert got == kind
+    assert bool(error) == bool(kind)
+
+
+@pytest.fixture
+def engine():
+    """The fake vLLM on a real socket (ProxyServer serves any ASGI app on its own thread)."""
+    fake = FakeVLLM()
+    server = ProxyServer(fake, host="127.0.0.1").start()
+    fake.url = f"http://127.0.0.1:{server.port}/v1"
+    yield fake
+    server.stop()
+
+
+@pytest.fixture
+def source(engine, alice, make_run, tmp_path):
+    """(build, run): build(config, reward_source) gives a HarnessSource whose proxy records into the database."""
+    (tmp_path / "harness.py").write_text(HARNESS)
+    run = make_run(alice)
+    run.harness_snapshot = {**run.harness_snapshot, "timeout_s": 30,
+                            "command": [sys.executable, str(tmp_path / "harness.py"), "{task_file}", "{output_file}"]}
+    run.save(update_fields=["harness_snapshot"])
+    proxies = []
+
+    def build(config=TrainerConfig(failure_reward=-0.5), reward_source=None):
+        if reward_source:
+            run.reward_snapshot = {**run.reward_snapshot, "source": reward_source}
+        upstream = UpstreamConfig(base_url=engine.url, served_model="policy")
+        proxy = ProxyServer(create_app(cached_directory(ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
+        proxies.append(proxy.start())
+        return HarnessSource(run, config, proxy, tmp_path / "work", [])
+
+    yield build, run
+    for proxy in proxies:
+        proxy.stop()
+
+
+def task_of(run, **fields):
+    task = run.dataset.tasks.filter(split="train").first()
+    task.data = {**task.data, **fields}
+    task.save()
+    return task
+
+
+async def attempt(build_source, task, **kwargs):
+    source = build_source(**kwargs)
+    return await source.attempt(task, "train", 0, 0, 0)
+
+
+async def test_a_harness_that_fails_after_the_model_answered_is_a_policy_failure(source):
+    build, run = source
+    task = await _task(run, exit_code=4)
+    result = await attempt(build, task)
+    assert (result.failure_kind, result.reward, len(result.calls)) == ("policy", -0.5, 1)
+    row = await _rollout(result.rollout_id)
+    assert (row.status, row.failure_kind, row.reward, row.exit_code) == ("failed", "policy", -0.5, 4)
+    assert row.error == "harness exited with code 4"
+    assert row.reward_detail["script_reward"] in (0.0, 1.0)  # what the reward script said, kept for the inspector
+
+
+async def test_a_harness_that_fails_before_any_answer_is_an_infrastructure_failure(source):
+    build, run = source
+    result = await attempt(build, await _task(run, exit_before_calling=True))
+    assert (result.failure_kind, result.calls) == ("infra", ())
+    row = await _rollout(result.rollout_id)
+    assert (row.status, row.failure_kind, row.exit_code) == ("failed", "infra", 3)
+    assert row.error == "harness exited with code 3 before the model answered any call"
+
+
+async def test_an_engine_error_that_ends_the_harness_is_an_infrastructure_failure(source, engine):
+    build, run = source
+    engine.faults.append(Fault(status=500))
+    result = await attempt(build, await _task(run))
+    assert result.failure_kind == "infra" and result.calls == ()
+    row = await _rollout(result.rollout_id)
+    assert row.failure_kind == "infra" and "engine or proxy error on call 0" in row.error
+
+
+async def test_a_crashing_reward_script_is_an_infrastructure_failure(source):
+    build, run = source
+    result = await attempt(build, await _task(run), reward_source=CRASHING_REWARD)
+    assert result.failure_kind == "infra" and len(result.calls) == 1
+    row = await _rollout(result.rollout_id)
+    assert row.failure_kind == "infra" and row.error.startswith("reward: ") and "ZeroDivisionError" in row.error
+
+
+async def test_a_clean_attempt_is_no_failure(source):
+    build, run = source
+    result = await attempt(build, await _task(run))
+    row = await _rollout(result.rollout_id)
+    assert (result.failure_kind, row.status, row.failure_kind, row.error) == ("", "succeeded", "", "")
+    assert "script_reward" not in row.reward_detail and row.reward in (0.0, 1.0)
+
+
+async def _task(run, **fields):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(task_of)(run, **fields)
+
+
+async def _rollout(rollout_id):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(Rollout.objects.get)(pk=int(rollout_id))

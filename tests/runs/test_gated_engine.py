@@ -1,0 +1,104 @@
+"""A weight update in the middle of concurrent calls: every recorded call's version is that of the weights that
+produced it, because the run's engine (GatedEngine) drains the proxy's gate before it swaps the weights."""
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from proxy.app import create_app
+from proxy.server import ProxyServer
+from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
+from runs.orchestrator import GatedEngine
+from tests.proxy.fake_upstream import FakeVLLM
+
+CLIENTS = 8
+
+
+class FakeWeights:
+    """The Engine protocol over the fake vLLM: pause does nothing (like vLLM's own pause for calls still queued
+    at the proxy), an update takes a while and changes the weights that answer."""
+
+    def __init__(self, fake: FakeVLLM):
+        self.fake, self.version = fake, 0
+
+    async def pause(self) -> None:
+        pass
+
+    async def update_weights(self, model, version: int) -> None:
+        await asyncio.sleep(0.2)
+        self.fake.version = self.version = version
+
+    async def resume(self) -> None:
+        pass
+
+
+@pytest.fixture
+def stand():
+    """(fake engine, proxy server, recorder, weights): the proxy on its own thread as in a run."""
+    fake = FakeVLLM(latency_s=0.05)
+    upstream_server = ProxyServer(fake, host="127.0.0.1").start()
+    directory, recorder = InMemoryDirectory(), InMemoryRecorder()
+    for i in range(CLIENTS):
+        directory.add(f"r{i}", "key")
+    weights = FakeWeights(fake)
+    upstream = UpstreamConfig(base_url=f"http://127.0.0.1:{upstream_server.port}/v1", served_model="policy")
+    app = create_app(directory, recorder, upstream, policy_version=lambda: weights.version)
+    proxy = ProxyServer(app, host="127.0.0.1").start()
+    yield fake, proxy, recorder, weights
+    proxy.stop()
+    upstream_server.stop()
+
+
+def calls_during_updates(proxy, engine, updates=3):
+    """CLIENTS threads call in a loop while `engine` takes `updates` weight updates; returns when all stopped."""
+    stop = threading.Event()
+
+    def client(i):
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                body = {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4}
+                response = http.post(f"http://127.0.0.1:{proxy.port}/rollouts/r{i}/v1/chat/completions", json=body,
+                                     headers={"authorization": "Bearer key"})
+                assert response.status_code == 200, response.text
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+
+    async def update(version):
+        await engine.pause()
+        try:
+            await engine.update_weights(None, version)
+        finally:
+            await engine.resume()
+
+    for version in range(1, updates + 1):
+        time.sleep(0.3)
+        asyncio.run(update(version))
+    time.sleep(0.3)
+    stop.set()
+    for t in threads:
+        t.join(30)
+
+
+def served_by(call) -> int:
+    return int(call.upstream_response["system_fingerprint"].removeprefix("v"))
+
+
+def test_every_recorded_version_is_the_one_that_served_the_call(stand):
+    fake, proxy, recorder, weights = stand
+    calls_during_updates(proxy, GatedEngine(weights, proxy))
+    assert len(recorder.calls) > 50
+    assert {c.policy_version for c in recorder.calls} == {0, 1, 2, 3}
+    assert [(c.policy_version, served_by(c)) for c in recorder.calls if c.policy_version != served_by(c)] == []
+    assert fake.mixed == []  # no answer ran across a weight swap
+
+
+def test_without_the_gate_calls_run_across_the_swap(stand):
+    """The control: updating the engine alone (what runs did before) lets calls straddle the swap."""
+    fake, proxy, recorder, weights = stand
+    calls_during_updates(proxy, weights)
+    mislabelled = [c for c in recorder.calls if c.policy_version != served_by(c)]
+    assert fake.mixed or mislabelled
