@@ -25,8 +25,7 @@ def managed_engine(config: EngineConfig, work_dir: str | Path, start_timeout: fl
     server.start(timeout=start_timeout)
     engine = None
     try:
-        engine = VLLMEngine(WeightSync(server.base_url, server.config.model_path, pause_mode=pause_mode))
-        engine.server = server
+        engine = _engine_for(server, pause_mode)
         yield engine
     finally:
         if engine is not None:
@@ -44,8 +43,7 @@ async def serving_engine(config: EngineConfig, work_dir: str | Path, start_timeo
     engine = None
     try:
         await asyncio.shield(starting)
-        engine = VLLMEngine(WeightSync(server.base_url, server.config.model_path, pause_mode=pause_mode))
-        engine.server = server
+        engine = _engine_for(server, pause_mode)
         yield engine
     finally:
         if engine is not None:
@@ -62,3 +60,10 @@ def _staged_server(config: EngineConfig, work_dir: str | Path) -> VLLMServer:
     work_dir = Path(work_dir)
     served = stage_model(config.model_path, work_dir / "served-model")
     return VLLMServer(dataclasses.replace(config, model_path=str(served)), log_path=work_dir / "engine.log")
+
+
+def _engine_for(server: VLLMServer, pause_mode: str) -> VLLMEngine:
+    """The scheduler's Engine over a started server, with `.server` for its log and process group."""
+    engine = VLLMEngine(WeightSync(server.base_url, server.config.model_path, pause_mode=pause_mode))
+    engine.server = server
+    return engine
