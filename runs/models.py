@@ -33,6 +33,8 @@ class RolloutStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    LOST = "lost", "Lost"
+    """Its worker died mid-step: the resumed run does not train on it (its recorded calls are kept)."""
 
 
 class CallApi(models.TextChoices):
@@ -175,6 +177,12 @@ class Run(Owned):
     error = models.TextField(blank=True)
     checkpoint_path = models.CharField(max_length=1000, blank=True)
     celery_task_id = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Last sign of life from the worker running it; the sweep reclaims stale runs")
+    worker_starts = models.PositiveIntegerField(
+        default=0, help_text="Times a worker took the run up: 1 for a run never interrupted or resumed")
+    phase = models.CharField(max_length=300, blank=True,
+                             help_text="What the run is doing now, e.g. 'starting the engine: loading weights'")
     event_seq = models.PositiveBigIntegerField(default=0, help_text="Last RunEvent.seq issued")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -205,6 +213,7 @@ class Rollout(models.Model):
     step = models.PositiveIntegerField(default=0)
     group = models.PositiveIntegerField(default=0)
     attempt = models.PositiveIntegerField(default=0)
+    greedy = models.BooleanField(default=False, help_text="An evaluation attempt at temperature 0 (eval_greedy)")
     policy_version = models.PositiveIntegerField(default=0)
     status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.PENDING)
     reward = models.FloatField(null=True, blank=True)
@@ -236,7 +245,8 @@ class Rollout(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED)
+        return self.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
+                               RolloutStatus.LOST)
 
 
 class ModelCall(models.Model):
@@ -293,6 +303,7 @@ class Metric(models.Model):
 
     class Meta:
         ordering = ["run", "step", "name"]
+        constraints = [models.UniqueConstraint(fields=["run", "step", "name"], name="metric_run_step_name")]
         indexes = [
             models.Index(fields=["run", "step"], name="metric_run_step"),
             models.Index(fields=["run", "name", "step"], name="metric_run_name_step"),

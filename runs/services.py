@@ -34,7 +34,8 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.CANCELLED: frozenset(),
 }
 FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
-ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
+ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
+                              RolloutStatus.LOST})
 
 
 class ServiceError(Exception):

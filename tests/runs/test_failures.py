@@ -12,7 +12,7 @@ from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
 from runs.executor import Outcome
 from runs.models import Rollout, Run
-from runs.orchestrator import HarnessSource, failure_of
+from runs.harness_source import HarnessSource, failure_of
 from runs.recorder import DjangoRecorder, cached_directory
 from tests.proxy.fake_upstream import Fault, FakeVLLM
 from trainer.config import TrainerConfig

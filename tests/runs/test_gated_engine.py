@@ -10,7 +10,7 @@ import pytest
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
-from runs.orchestrator import GatedEngine
+from runs.gated_engine import GatedEngine
 from tests.proxy.fake_upstream import FakeVLLM
 
 CLIENTS = 8

@@ -1,7 +1,8 @@
 """The orchestrator's RolloutSource reports every attempt, even one that crashed."""
 import asyncio
 
-from runs.orchestrator import HarnessSource, _drift_rows
+from runs.harness_source import HarnessSource
+from runs.orchestrator import _drift_rows
 from trainer.scheduler import StepReport
 
 

@@ -7,7 +7,7 @@ import pytest
 from runs import services
 from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names, harness_view, hidden_fields
 from runs.models import Rollout, Run
-from runs.orchestrator import HarnessSource
+from runs.harness_source import HarnessSource
 
 GOLD = "GOLD-4242"
 TASK = {"id": "t1", "split": "train", "question": "VISIBLE-7777: what is 6 * 7?", "hint": {"unit": "VISIBLE-units"},

@@ -1,0 +1,138 @@
+"""The scheduler's RolloutSource for real runs: harness subprocesses behind the proxy, scored by the reward sandbox,
+and the rules that say whether a finished attempt failed and why."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+from proxy.server import ProxyServer
+from runs import services
+from runs.executor import Attempt, LocalExecutor
+from runs.models import ModelCall, RolloutStatus, Run, Task
+from trainer import scheduler
+from trainer.config import TrainerConfig
+from trainer.samples import CallRecord
+
+logger = logging.getLogger(__name__)
+db = sync_to_async
+
+
+class HarnessSource:
+    """The scheduler's RolloutSource: real harness subprocesses behind the proxy, scored by the reward sandbox."""
+
+    def __init__(self, run: Run, config: TrainerConfig, server: ProxyServer, workdir: Path, train_ids: list[int]):
+        self.run, self.config, self.server, self.workdir = run, config, server, workdir
+        self.train_ids, self.executor = train_ids, LocalExecutor()
+        self.finished: asyncio.Queue = asyncio.Queue()
+        self.running: dict[int, list[asyncio.Task]] = {}
+        self.policy_version = 0
+
+    async def launch(self, group: scheduler.GroupRequest) -> None:
+        task_id = random.Random(self.config.seed * 1_000_003 + group.group_id).choice(self.train_ids)
+        task = await db(Task.objects.get)(pk=task_id)
+        attempts = []
+        for attempt in range(group.size):
+            coro = self.attempt(task, "train", group.policy_version, group.group_id, attempt)
+            attempts.append(asyncio.create_task(self._report(group.group_id, coro)))
+        self.running[group.group_id] = attempts
+
+    async def next_finished(self) -> scheduler.RolloutResult:
+        return await self.finished.get()
+
+    async def cancel(self, group_id: int) -> None:
+        for task in self.running.pop(group_id, []):
+            task.cancel()
+
+    async def _report(self, group_id: int, coro) -> None:
+        """Every launched attempt reports, even one that crashed, or its group would never complete."""
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("run %s group %s: an attempt crashed", self.run.pk, group_id)
+            result = scheduler.RolloutResult(group_id, "", (), 0.0, failure_kind=scheduler.INFRA_FAILURE,
+                                             error=f"{type(exc).__name__}: {exc}")
+        self.finished.put_nowait(result)
+
+    async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int) -> scheduler.RolloutResult:
+        """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls."""
+        rollout, secret = await db(services.create_rollout)(self.run, task=task, split=split, step=version,
+                                                            group=group, attempt=attempt)
+        await db(services.start_rollout)(rollout.pk)
+        harness = self.run.harness_snapshot
+        try:
+            out = await self.executor.run(Attempt(
+                command=harness["command"], env=harness.get("env") or {}, timeout_s=harness["timeout_s"],
+                workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id,
+                task=self.run.harness_task(task.data),
+                rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret))
+        except asyncio.CancelledError:
+            await db(services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
+                                              reward_detail={}, exit_code=None, error="cancelled with its run")
+            raise
+        calls, trouble = await db(calls_of)(rollout.pk)
+        reward, detail, reward_error = await self._score(task, out)
+        kind, error = failure_of(out, reward_error, calls, trouble)
+        if kind == scheduler.POLICY_FAILURE:
+            detail = {**detail, "script_reward": reward}
+            reward = self.config.failure_reward
+        await db(services.finish_rollout)(
+            rollout.pk, status=RolloutStatus.FAILED if kind else RolloutStatus.SUCCEEDED, reward=reward,
+            reward_detail=detail, exit_code=out.exit_code, stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail,
+            error=error, failure_kind=kind)
+        return scheduler.RolloutResult(group, str(rollout.pk), calls, reward or 0.0, failure_kind=kind, error=error)
+
+    async def _score(self, task: Task, out) -> tuple[float | None, dict, str]:
+        """The reward script's reward and detail, or the reason there is none."""
+        if out.error and out.exit_code is None:
+            return None, {}, ""  # the harness never ran: nothing to score
+        script = self.run.reward_snapshot
+        result = await asyncio.to_thread(services.score_reward, script["source"], task.data, out.outcome,
+                                         script["timeout_s"])
+        if not result.ok:
+            return None, {"reward_error": result.error, "reward_output": result.output}, f"reward: {result.error}"
+        return result.reward, result.detail, ""
+
+
+def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: str) -> tuple[str, str]:
+    """(failure kind, error) of a finished attempt: '' when it succeeded.
+
+    Infrastructure: the harness could not start, the reward script crashed, or the harness failed after an engine
+    or proxy error answered one of its calls. Policy: the harness timed out or exited non-zero after the model had answered (what the model
+    did caused it). A harness that fails before any answer tells nothing about the model: infrastructure.
+    """
+    if out.error and out.exit_code is None:
+        return scheduler.INFRA_FAILURE, out.error
+    if reward_error:
+        return scheduler.INFRA_FAILURE, reward_error
+    if not out.error:
+        return "", ""  # engine trouble the harness recovered from (a retried call) is no failure
+    if trouble:
+        return scheduler.INFRA_FAILURE, f"{out.error} after {trouble}"
+    if calls:
+        return scheduler.POLICY_FAILURE, out.error
+    return scheduler.INFRA_FAILURE, f"{out.error} before the model answered any call"
+
+
+ENGINE_TROUBLE = (429, 500, 502, 503, 504)
+"""Statuses of calls the engine or the proxy could not serve (a 499 is the harness hanging up: its own doing)."""
+
+
+def calls_of(rollout_id: int) -> tuple[tuple[CallRecord, ...], str]:
+    """Calls the trainer may learn from (delivered, with complete token capture), and the first engine trouble."""
+    rows = list(ModelCall.objects.filter(rollout_id=rollout_id).order_by("seq")
+                .only("seq", "status_code", "error", "prompt_ids", "completion_ids", "logprobs", "finish_reason",
+                      "policy_version"))
+    trouble = next((f"engine or proxy error on call {c.seq}: {c.error or c.status_code}" for c in rows
+                    if c.status_code in ENGINE_TROUBLE), "")
+    calls = tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
+                             logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
+                             policy_version=c.policy_version)
+                  for c in rows if c.status_code == 200 and not c.error and c.completion_ids
+                  and len(c.logprobs) == len(c.completion_ids))
+    return calls, trouble
