@@ -14,6 +14,7 @@ logger = logging.getLogger(__name__)
 RUN_STATUS = "run.status"
 RUN_LOG = "run.log"
 RUN_METRICS = "run.metrics"
+RUN_PHASE = "run.phase"
 ROLLOUT_STATUS = "rollout.status"
 CALL_RECORDED = "call.recorded"
 

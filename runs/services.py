@@ -286,6 +286,16 @@ def cancel_run(run: Run, user) -> Run:
     raise InvalidTransition(f"run {run.pk} is {run.status}; only queued, starting or running runs can be cancelled")
 
 
+def set_run_phase(run_id: int, phase: str, progress: float | None = None) -> None:
+    """Say what the run is doing now (shown on the run page), e.g. 'starting the engine: loading weights'.
+
+    `progress` in [0, 1] where the phase has a measurable fraction done; None where it has not.
+    """
+    with transaction.atomic():
+        Run.objects.filter(pk=run_id).update(phase=phase[:300])
+        emit_event(run_id, events.RUN_PHASE, {"phase": phase[:300], "progress": progress})
+
+
 def fail_run(run_id: int, error: str) -> Run:
     return transition_run(run_id, RunStatus.FAILED, error=error)
 
