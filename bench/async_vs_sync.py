@@ -11,8 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from tests.trainer.inprocess import SimulatedHarness, TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.inprocess import SimulatedHarness, TorchEngine, tiny_qwen2
 from trainer.policy import Policy
 from trainer.scheduler import run
 

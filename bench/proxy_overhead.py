@@ -7,8 +7,6 @@ import itertools
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,8 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402  (the load generator: cheaper per call than httpx, so it measures the servers)
 import httpx  # noqa: E402
+
+from common.procs import free_port, group_cpu_seconds, kill_group  # noqa: E402
 
 LITELLM_VENV = ROOT / ".venv-litellm"
 LITELLM_SPEC = "litellm[proxy]==1.110.2"
@@ -62,25 +62,6 @@ def serve(kind: str, port: int, upstream: str, clients: int, latency_s: float, c
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
 
 
-def group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of every live process in a process group (from /proc)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ... utime(11) stime(12)
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(argv: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
     out = open(log, "wb") if log else subprocess.DEVNULL
     return subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
@@ -88,13 +69,8 @@ def start(argv: list[str], env: dict | None = None, log: Path | None = None) -> 
 
 
 def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    kill_group(process.pid, grace_s=10)
+    process.wait()
 
 
 def wait_ready(url: str, process: subprocess.Popen, what: str, timeout_s: float, headers: dict | None = None) -> None:
@@ -261,10 +237,10 @@ def main() -> None:
         for _ in range(args.rounds):  # interleaved, so a change in background load hits every path alike
             for name, (url_for, headers_for) in paths.items():
                 for stream in (False, True):
-                    before = group_cpu_s(servers[name].pid)
+                    before = group_cpu_seconds(servers[name].pid)
                     load = run_load(name, url_for, headers_for, args.clients, args.calls, stream)
                     results[name].append(asyncio.run(load))
-                    cpu[name, stream] += group_cpu_s(servers[name].pid) - before
+                    cpu[name, stream] += group_cpu_seconds(servers[name].pid) - before
 
         for name, runs in results.items():
             for stream in (False, True):

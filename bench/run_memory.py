@@ -15,8 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import sys
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from common import procs  # noqa: E402
 
 GB = 1024**3
 
@@ -38,30 +43,13 @@ def by_name(url: str, token: str, kind: str, name: str) -> int:
 
 
 def worker_pids() -> list[int]:
-    """Celery worker processes (not the engine or harnesses they start)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "celery" in cmd and " worker" in cmd and "vllm" not in cmd:
-            pids.append(int(entry.name))
-    return pids
+    """Celery worker processes of the runs queue (not the engine or harnesses they start, nor the control worker)."""
+    return [pid for pid in procs.pids_matching("celery", " worker") if "vllm" not in procs.cmdline(pid)
+            and "--beat" not in procs.cmdline(pid)]
 
 
 def rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+    return sum(procs.rss_bytes(pid) for pid in pids)
 
 
 def metric(url: str, token: str, run_id: int, name: str) -> dict[int, float]:

@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from common.procs import free_port
+
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded Redis could not be started."""
@@ -19,12 +21,6 @@ def _ping(port: int) -> bool:
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _executable() -> str:
@@ -46,7 +42,7 @@ def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
             port = int(port_file.read_text().strip() or 0)
             if port and _ping(port):
                 return f"redis://127.0.0.1:{port}/0"
-        port = _free_port()
+        port = free_port()
         command = [
             _executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(state),
             "--daemonize", "yes", "--pidfile", str(state / "redis.pid"), "--logfile", str(state / "redis.log"),

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.procs import signal_group
+
 TAIL_BYTES = 16 * 1024
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 
@@ -107,10 +109,7 @@ async def _collect(proc, timeout_s: float) -> tuple[str, str, bool]:
 
 
 def _kill(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    signal_group(proc.pid, signal.SIGKILL)
 
 
 def _read_outcome(output_file: Path, exit_code: int | None, stdout: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.procs import signal_group
+
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
 OUTPUT_TAIL_CHARS = 4096  # what a result keeps of the script's prints
@@ -51,12 +53,23 @@ def score(source: str, task: Any, outcome: Any, limits: Limits = Limits()) -> Sc
         return ScoreResult(ok=False, kind="invalid", error=f"task or outcome is not JSON: {exc}")
     with tempfile.TemporaryDirectory(prefix="reward-") as workdir:
         result_path = Path(workdir) / "result.json"
+        # No preexec_fn: it forces a fork, which copies the page tables of this (a worker holds GBs of trainer)
+        # process, 0.23 s per score at 4 GB resident against 0.02 s for the vfork Popen uses without one. The
+        # limits are set on the child before its stdin is written: the runner reads the script from stdin, so
+        # no user code runs before them.
         proc = subprocess.Popen(
             [sys.executable, "-I", "-B", str(RUNNER), str(result_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             cwd=workdir, env=_scrubbed_env(workdir), start_new_session=True,
-            preexec_fn=lambda: _apply_limits(limits),
         )
+        try:
+            _apply_limits(limits, proc.pid)
+        except OSError:
+            _kill_group(proc)
+            proc.wait()
+            proc.stdout.close()
+            proc.stdin.close()
+            raise
         output, overflow, timed_out = _communicate(proc, stdin, limits)
         elapsed = (time.monotonic() - started) * 1000
         text = output.decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
@@ -78,13 +91,13 @@ def _scrubbed_env(workdir: str) -> dict[str, str]:
     return env
 
 
-def _apply_limits(limits: Limits) -> None:
+def _apply_limits(limits: Limits, pid: int) -> None:
     memory = limits.memory_mb * 1024 * 1024
     cpu = int(limits.timeout_s) + 1
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
+    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
 
 
 def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits) -> tuple[bytes, bool, bool]:
@@ -128,10 +141,7 @@ def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits) -> tuple[
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    signal_group(proc.pid, signal.SIGKILL)
 
 
 def _read_result(returncode: int, path: Path, output: str, elapsed: float, limits: Limits) -> ScoreResult:

@@ -110,16 +110,6 @@ def loss_weights(name: str, mask: Tensor, sample_index: Tensor, rollout_index: T
     return _lookup(AGGREGATIONS, "loss aggregation", name)(mask.double(), sample_index, rollout_index, norm)
 
 
-def aggregate_loss(name: str, token_loss: Tensor, mask: Tensor, sample_index: Tensor, rollout_index: Tensor,
-                   norm: float = 1.0) -> tuple[Tensor, Metrics]:
-    """sum(weights * token_loss) with the weights of aggregation `name`; metrics say how much weight each got."""
-    weights = loss_weights(name, mask, sample_index, rollout_index, norm).to(token_loss.dtype)
-    on = mask > 0
-    metrics = {"loss/aggregated": (weights * token_loss).sum().item(), "agg/weight_sum": weights.sum().item(),
-               "agg/token_weight_max": weights[on].max().item() if on.any() else 0.0}
-    return (weights * token_loss).sum(), metrics
-
-
 # ---- policy loss ------------------------------------------------------------------------------------------
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, behaviour_logprobs: Tensor, advantages: Tensor,

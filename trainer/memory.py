@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import re
 from functools import lru_cache
 from typing import Any
 
+from common.procs import status_kib
 from trainer.config import ConfigError, TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,12 @@ def bytes_per_position(config: TrainerConfig, model_config: Any) -> int:
 
 def rss_bytes() -> int:
     """Resident set size of this process now (0 where /proc is missing)."""
-    return _proc_status_kib("VmRSS") * 1024
+    return status_kib("VmRSS") * 1024
 
 
 def peak_rss_bytes() -> int:
     """Highest resident set size of this process since it started or since `reset_peak_rss`."""
-    return _proc_status_kib("VmHWM") * 1024
+    return status_kib("VmHWM") * 1024
 
 
 def reset_peak_rss() -> bool:
@@ -87,15 +87,6 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
-
-
-def _proc_status_kib(key: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            match = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.MULTILINE)
-    except OSError:
-        return 0
-    return int(match.group(1)) if match else 0
 
 
 def release_free_memory() -> bool:

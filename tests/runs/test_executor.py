@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from common.procs import alive
 from runs.executor import TAIL_BYTES, Attempt, LocalExecutor
 
 
@@ -59,15 +60,6 @@ async def test_a_hanging_harness_is_killed_with_its_children(tmp_path):
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child)
-
-
-def alive(pid: int) -> bool:
-    """Running, not gone and not a zombie waiting for a reaper."""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 async def test_output_tails_are_bounded(tmp_path):

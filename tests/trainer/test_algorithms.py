@@ -5,8 +5,7 @@ import statistics
 import pytest
 import torch
 
-from trainer.algorithms import (aggregate_loss, broadcast_to_samples, compute_advantages, loss_weights,
-                                policy_loss)
+from trainer.algorithms import broadcast_to_samples, compute_advantages, loss_weights, policy_loss
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
 GROUPS = torch.tensor([0, 0, 0, 0, 7, 7, 7, 7])
@@ -80,23 +79,26 @@ HAND = {"token_mean": 26 / 6, "seq_mean_token_mean": (2 + 4 + 8) / 3,
         "seq_mean_token_sum_norm": (6 / 4 + 4 / 4 + 16 / 4) / 3, "rollout_mean": (2.5 + 8) / 2}
 
 
+def aggregate(name, token_loss, mask, sample_index, rollout_index, norm=1.0):
+    """The step's loss as trainer.policy forms it: sum(weights * token_loss), and the weights."""
+    weights = loss_weights(name, mask, sample_index, rollout_index, norm).to(token_loss.dtype)
+    return (weights * token_loss).sum(), weights
+
+
 @pytest.mark.parametrize("name", sorted(HAND))
 def test_it_aggregates_by_hand_in_flat_and_padded_layouts(name):
-    flat, metrics = aggregate_loss(name, FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT, norm=4)
-    padded, _ = aggregate_loss(name, PADDED_LOSS, PADDED_MASK, PADDED_SAMPLE, PADDED_ROLLOUT, norm=4)
+    flat, weights = aggregate(name, FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT, norm=4)
+    padded, _ = aggregate(name, PADDED_LOSS, PADDED_MASK, PADDED_SAMPLE, PADDED_ROLLOUT, norm=4)
     assert flat.item() == pytest.approx(HAND[name])
     assert padded.item() == pytest.approx(HAND[name])
-    assert metrics["loss/aggregated"] == pytest.approx(HAND[name])
     # Means weigh to 1 in total; Dr. GRPO's constant divisor weighs 6 tokens / (4 * 3 samples).
-    assert metrics["agg/weight_sum"] == pytest.approx(0.5 if name == "seq_mean_token_sum_norm" else 1.0)
+    assert weights.sum().item() == pytest.approx(0.5 if name == "seq_mean_token_sum_norm" else 1.0)
 
 
 def test_it_weighs_each_rollout_the_same_however_many_samples_it_split_into():
     # Rollout 0 split into samples s0 (3 tokens) and s1 (1 token); rollout 1 is one sample of 2 tokens.
-    _, metrics = aggregate_loss("rollout_mean", FLAT_LOSS, torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT)
     weights = loss_weights("rollout_mean", torch.ones(6), FLAT_SAMPLE, FLAT_ROLLOUT)
     assert weights.tolist() == pytest.approx([1 / 8] * 4 + [1 / 4] * 2)
-    assert metrics["agg/token_weight_max"] == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
@@ -126,7 +128,7 @@ def test_it_matches_the_loop_reference_on_random_batches(name):
     sample_index = torch.randint(0, 10, (200,), generator=gen)
     losses = torch.randn(200, generator=gen, dtype=torch.float64)
     rollout_index = sample_rollout[sample_index]
-    got, _ = aggregate_loss(name, losses, torch.ones(200), sample_index, rollout_index, norm=50)
+    got, _ = aggregate(name, losses, torch.ones(200), sample_index, rollout_index, norm=50)
     want = loop_aggregate(name, losses.tolist(), sample_index.tolist(), rollout_index.tolist(), 50)
     assert got.item() == pytest.approx(want)
 

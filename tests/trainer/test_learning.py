@@ -4,8 +4,8 @@ import logging
 import pytest
 import torch
 
+from tests.trainer.inprocess import SimulatedHarness, TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.inprocess import SimulatedHarness, TorchEngine, tiny_qwen2
 from trainer.policy import Policy
 from trainer.scheduler import run
 

@@ -5,8 +5,8 @@ import pytest
 from transformers import LlamaConfig
 
 from tests.trainer.conftest import make_sample
+from tests.trainer.inprocess import tiny_qwen2
 from trainer.config import ConfigError, TrainerConfig
-from trainer.inprocess import tiny_qwen2
 from trainer.memory import GB, micro_batch_positions, rss_bytes
 from trainer.policy import Policy
 

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from tests.trainer.conftest import make_sample
+from tests.trainer.inprocess import tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.inprocess import tiny_qwen2
 from trainer.policy import Policy, micro_batches, pack, padded_positions, read_checkpoint_config, token_logprobs
 
 

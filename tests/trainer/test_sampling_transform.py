@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from trainer.config import ConfigError, TrainerConfig
-from trainer.inprocess import tiny_qwen2
-from trainer.policy import Policy, sampling_logits
 from tests.trainer.conftest import make_sample
+from tests.trainer.inprocess import tiny_qwen2
+from trainer.config import ConfigError, TrainerConfig
+from trainer.policy import Policy, sampling_logits
 
 
 def test_sampling_logits_scale_by_temperature_and_keep_the_top_k():

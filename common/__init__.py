@@ -1,0 +1,1 @@
+"""Small stdlib-only helpers shared by the app, the trainer, the benches and the tests (no Django, no torch)."""
