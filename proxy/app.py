@@ -23,7 +23,7 @@ from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
 from proxy.recording import RecordingQueue
 from proxy.responses_api import ResponsesAdapter
-from proxy.sampling import enforce_sampling
+from proxy.sampling import enforce_sampling, rollout_sampling
 from proxy.types import RecordedCall, Recorder, RolloutDirectory, RolloutInfo, UpstreamConfig
 from proxy.upstream import Upstream, UpstreamError
 
@@ -67,6 +67,7 @@ class _Call:
         self.proxy, self.adapter, self.upstream_body = proxy, adapter, upstream_body
         self.sampling_overrides = sampling_overrides
         self.rollout_id = info.rollout_id
+        self.timed = _timed(info)  # as admitted: gate.exit must match gate.enter
         self.seq = proxy._take_seq(info)
         self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
@@ -99,7 +100,12 @@ class _Call:
     def _leave(self) -> None:
         if not self._left:
             self._left = True
-            self.proxy.gate.exit()
+            self.proxy.gate.exit(self.timed)
+
+
+def _timed(info: RolloutInfo) -> bool:
+    """Whether a rollout's calls count in the proxy's generation time and override count: train ones only."""
+    return info.split == "train"
 
 
 async def _hung_up(receive) -> None:
@@ -156,7 +162,7 @@ class ProxyApp:
         self.max_body_bytes = max_body_bytes
         self._policy_version = policy_version
         self._seq: dict[str, int] = {}
-        self.sampling_override_calls = 0  # calls whose harness asked for sampling other than the run's
+        self.sampling_override_calls = 0  # train calls whose harness asked for sampling other than the run's
         base = "/rollouts/{rollout_id}/v1/"
         routes = [Route(base + path, _guard(adapter.error_format, self._endpoint(adapter)), methods=["POST"])
                   for path, adapter in ADAPTERS.items()]
@@ -185,7 +191,10 @@ class ProxyApp:
 
     @property
     def busy_seconds(self) -> float:
-        """Wall seconds with at least one engine call in flight (generation time, for the run's metrics)."""
+        """Wall seconds with at least one train rollout's call in flight (generation time, for the run's metrics).
+
+        Evaluation calls (RolloutInfo.split 'val') are left out, so an evaluation between two steps does not
+        show as the next step's generation."""
         return self.gate.busy_seconds
 
     async def pause(self, timeout: float | None = None) -> None:
@@ -248,14 +257,16 @@ class ProxyApp:
                     self.config.stream_with_tools or not adapter.has_tools)
                 upstream_body = adapter.upstream_body(self.config.served_model, upstream_stream)
                 overrides: dict = {}
-                if self.config.sampling is not None:  # here, so all four APIs get it on their final engine body
-                    upstream_body, overrides = enforce_sampling(upstream_body, self.config.sampling)
-                await self.gate.enter()
+                sampling = rollout_sampling(self.config.sampling, info.sampling)  # a greedy eval attempt's own
+                if sampling is not None:  # here, so all four APIs get it on their final engine body
+                    upstream_body, overrides = enforce_sampling(upstream_body, sampling)
+                await self.gate.enter(timed=_timed(info))
             except ProxyError as exc:
                 return error_response(adapter_cls.error_format, exc)
             call = _Call(self, info, adapter, upstream_body, overrides)
             if overrides:
-                self.sampling_override_calls += 1
+                if call.timed:
+                    self.sampling_override_calls += 1
                 logger.debug("rollout %s seq %s: harness sampling %s replaced by the run's", info.rollout_id,
                              call.seq, overrides)
             if upstream_stream:

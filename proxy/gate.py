@@ -20,6 +20,7 @@ class Gate:
         self._open.set()
         self._drained = asyncio.Event()
         self._drained.set()
+        self.timed_in_flight = 0  # the admitted calls that count as busy (see enter)
         self._busy_s = 0.0  # closed busy intervals
         self._busy_since: float | None = None  # start of the open one (perf_counter), None while idle
 
@@ -29,12 +30,16 @@ class Gate:
 
     @property
     def busy_seconds(self) -> float:
-        """Wall seconds with at least one call in flight, since the gate was made (the open interval included)."""
+        """Wall seconds with at least one timed call in flight, since the gate was made (the open interval included)."""
         since = self._busy_since
         return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
-    async def enter(self) -> None:
-        """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused."""
+    async def enter(self, timed: bool = True) -> None:
+        """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused.
+
+        Every call drains before a pause returns; only `timed` ones count in `busy_seconds` (the proxy leaves
+        evaluation calls out: they are not a training step's generation).
+        """
         if not self._open.is_set():
             self.waiting += 1
             try:
@@ -48,16 +53,22 @@ class Gate:
                 ) from None
             finally:
                 self.waiting -= 1
-        if self.in_flight == 0:
-            self._busy_since = time.perf_counter()
+        if timed:
+            if self.timed_in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self.timed_in_flight += 1
         self.in_flight += 1
         self._drained.clear()
 
-    def exit(self) -> None:
+    def exit(self, timed: bool = True) -> None:
+        """A call admitted with the same `timed` has finished."""
+        if timed:
+            self.timed_in_flight -= 1
+            if self.timed_in_flight == 0:
+                self._busy_s += time.perf_counter() - self._busy_since
+                self._busy_since = None
         self.in_flight -= 1
         if self.in_flight == 0:
-            self._busy_s += time.perf_counter() - self._busy_since
-            self._busy_since = None
             self._drained.set()
 
     async def pause(self, timeout: float | None = None) -> None:

@@ -20,14 +20,25 @@ Kept on purpose: `seed` (a sample is still a sample), `stop`, `max_tokens`, `n`,
 (`response_format`, tool_choice "required"), which harnesses need to work at all.
 """
 
+GREEDY: dict[str, float] = {"temperature": 0.0}
+"""A greedy evaluation attempt's knobs over the run's: vLLM takes temperature 0 as argmax (top_k, top_p and
+min_p then do nothing) and still returns the chosen tokens' logprobs; it refuses n > 1 with it."""
 
-def check_sampling(sampling: dict) -> None:
-    """Raise ValueError unless `sampling` maps names from PINNED to numbers."""
+
+def check_sampling(sampling: dict, what: str = "UpstreamConfig.sampling") -> None:
+    """Raise ValueError unless `sampling` maps names from PINNED to numbers; `what` names it in the message."""
     for key, value in sampling.items():
         if key not in PINNED:
-            raise ValueError(f"UpstreamConfig.sampling has unknown key {key!r}; valid: {', '.join(PINNED)}")
+            raise ValueError(f"{what} has unknown key {key!r}; valid: {', '.join(PINNED)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"UpstreamConfig.sampling[{key!r}] must be a number, got {type(value).__name__}")
+            raise ValueError(f"{what}[{key!r}] must be a number, got {type(value).__name__}")
+
+
+def rollout_sampling(run: dict | None, rollout: dict) -> dict | None:
+    """The sampling enforced on one rollout's calls: its own knobs over the run's; None leaves the harness's."""
+    if not rollout:
+        return run
+    return {**(run or {}), **rollout}
 
 
 def _same(key: str, asked: object, value: object) -> bool:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.sampling import check_sampling
@@ -42,6 +42,15 @@ class RolloutInfo:
     secret_hash: str  # proxy.auth.hash_secret(secret)
     finished: bool
     next_seq: int = 0  # seq of the next call (calls already recorded before a proxy restart)
+    sampling: dict = field(default_factory=dict)
+    """Knobs this rollout samples with over the run's (UpstreamConfig.sampling); {"temperature": 0.0} for a greedy
+    evaluation attempt, {} for every other rollout."""
+    split: str = "train"
+    """'train' or 'val': only train rollouts' calls count in the proxy's generation time and override count,
+    so an evaluation running around a training step never shows in that step's metrics."""
+
+    def __post_init__(self) -> None:
+        check_sampling(self.sampling, f"rollout {self.rollout_id}'s sampling")
 
 
 @runtime_checkable
@@ -83,23 +92,24 @@ class InMemoryDirectory:
 
     rollouts: dict[str, RolloutInfo] = field(default_factory=dict)
 
-    def add(self, rollout_id: str, secret: str, next_seq: int = 0) -> RolloutInfo:
+    def add(self, rollout_id: str, secret: str, next_seq: int = 0, sampling: dict | None = None,
+            split: str = "train") -> RolloutInfo:
         from proxy.auth import hash_secret
 
-        info = RolloutInfo(rollout_id, hash_secret(secret), finished=False, next_seq=next_seq)
+        info = RolloutInfo(rollout_id, hash_secret(secret), finished=False, next_seq=next_seq,
+                           sampling=dict(sampling or {}), split=split)
         self.rollouts[rollout_id] = info
         return info
 
     def finish(self, rollout_id: str) -> None:
-        info = self.rollouts[rollout_id]
-        self.rollouts[rollout_id] = RolloutInfo(info.rollout_id, info.secret_hash, True, info.next_seq)
+        self.rollouts[rollout_id] = replace(self.rollouts[rollout_id], finished=True)
 
     async def get(self, rollout_id: str) -> RolloutInfo | None:
         return self.rollouts.get(rollout_id)
 
 
 class CachedDirectory:
-    """Wraps a directory with a short per-rollout cache; `invalidate` makes a finish visible at once."""
+    """Wraps a directory with a short per-rollout cache: a finish is seen within `ttl_s`."""
 
     def __init__(self, inner: RolloutDirectory, ttl_s: float = 1.0) -> None:
         self._inner = inner
@@ -115,9 +125,6 @@ class CachedDirectory:
         if info is not None:  # unknown ids are not cached: a guessed id must not grow the cache
             self._cache[rollout_id] = (now, info)
         return info
-
-    def invalidate(self, rollout_id: str) -> None:
-        self._cache.pop(rollout_id, None)
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,8 @@ class UpstreamConfig:
     stream_with_tools: bool = False
     """Stream from the engine also for calls offering tools (vLLM's streaming tool parsers can drop token ids)."""
     sampling: dict | None = None
-    """The run's sampling ({"temperature": 0.7, ...}) on every engine call, other knobs neutral; None: the harness's."""
+    """The run's sampling ({"temperature": 0.7, ...}) on every engine call, other knobs neutral; None: the harness's.
+    A rollout's own knobs (RolloutInfo.sampling: a greedy evaluation attempt's temperature 0) go over it."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):

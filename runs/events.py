@@ -15,6 +15,7 @@ RUN_STATUS = "run.status"
 RUN_LOG = "run.log"
 RUN_METRICS = "run.metrics"
 RUN_PHASE = "run.phase"
+RUN_RESUMED = "run.resumed"  # went back to a checkpoint: later steps' points are dropped and redone
 ROLLOUT_STATUS = "rollout.status"
 CALL_RECORDED = "call.recorded"
 

@@ -6,6 +6,7 @@ import logging
 
 from asgiref.sync import sync_to_async
 
+from proxy.sampling import GREEDY
 from proxy.types import CachedDirectory, RecordedCall, RolloutInfo
 from runs import services
 from runs.models import Rollout
@@ -61,7 +62,7 @@ class DjangoRecorder:
 
 
 class DjangoDirectory:
-    """Looks rollouts up in the database: secret hash, finished state, next call seq."""
+    """Looks rollouts up in the database: secret hash, finished state, next call seq, split and own sampling."""
 
     async def get(self, rollout_id: str) -> RolloutInfo | None:
         if not rollout_id.isdigit():
@@ -71,11 +72,13 @@ class DjangoDirectory:
 
 def _rollout_info(rollout_id: int) -> RolloutInfo | None:
     row = (Rollout.objects.filter(pk=rollout_id)
-           .values("secret_hash", "status", "call_count", "run__status").first())
+           .values("secret_hash", "status", "call_count", "run__status", "split", "greedy").first())
     if row is None:
         return None
     finished = row["status"] in services.ROLLOUT_FINISHED or row["run__status"] in services.FINISHED
-    return RolloutInfo(str(rollout_id), row["secret_hash"], finished, next_seq=row["call_count"])
+    # A greedy evaluation attempt samples at temperature 0; every other rollout at the run's sampling.
+    return RolloutInfo(str(rollout_id), row["secret_hash"], finished, next_seq=row["call_count"],
+                       sampling=dict(GREEDY) if row["greedy"] else {}, split=row["split"])
 
 
 def cached_directory(ttl_s: float = 1.0) -> CachedDirectory:

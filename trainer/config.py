@@ -76,8 +76,10 @@ class TrainerConfig:
     """Async only: most groups launched and not yet trained; 0 means tasks_per_step * (max_staleness + 1)."""
     pass_threshold: float = 1.0
     """A rollout with reward at least this counts as a pass in the pass-rate metric."""
-    checkpoint_every: int = 0
-    """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
+    checkpoint_every: int = 5
+    """Save a checkpoint every this many steps (and at the end); 0 saves only at the end. A run whose worker dies
+    resumes from its last checkpoint, so this bounds the work lost: 5 steps of the demo (40-100 s each on 2 CPU
+    cores) is 3-8 minutes, against a few seconds to write one (SmolLM2-135M: about 1.6 GB with AdamW state)."""
     max_model_len: int = 4096
     """Engine: longest prompt + completion in tokens (vLLM --max-model-len)."""
     kv_cache_gb: float = 1.0
@@ -86,6 +88,15 @@ class TrainerConfig:
     """Score val tasks (eval/pass@1) every N steps, and before the first and after the last; 0: those two only."""
     eval_tasks: int = 100
     """Val tasks per evaluation (the first N of the dataset's val split); 0 turns evaluation off."""
+    eval_samples: int = 4
+    """Attempts per val task at the rollout sampling: eval/pass@1 is their mean, eval/pass@k their best-of-k.
+    4 halves the standard deviation of one attempt's sampling noise (one attempt on 50 tasks spread 0.32-0.58
+    over 7 evaluations of the same weights) for 4x the attempts, which run eval_concurrency at a time."""
+    eval_greedy: bool = True
+    """Also one greedy (temperature 0) attempt per val task: eval/pass@1_greedy, free of sampling noise."""
+    eval_concurrency: int = 32
+    """Evaluation attempts in flight at once (training keeps its own tasks_per_step * group_size): vLLM on 2 CPU
+    cores answered 100 calls in 10.5 s at 32 concurrent, 21.6 s at 8."""
     extra: dict = field(default_factory=dict)
     """Free-form notes carried along with the config (not interpreted)."""
 
@@ -127,7 +138,8 @@ class TrainerConfig:
 
 
 def _check_sizes(c: TrainerConfig) -> None:
-    for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens"):
+    for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens", "eval_samples",
+                 "eval_concurrency"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(c, name)}; set {name} >= 1")
     for name in ("loss_norm_tokens", "max_staleness", "groups_in_flight", "checkpoint_every", "eval_every",

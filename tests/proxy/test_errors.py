@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 import httpx
 import pytest
 
+from common.procs import free_port
 from proxy.app import create_app
 from proxy.types import InMemoryRecorder, UpstreamConfig
 from tests.proxy.conftest import LiveServer, headers
@@ -87,10 +87,7 @@ async def test_it_passes_engine_errors_through_in_anthropic_format_when_streamin
 
 
 async def test_it_answers_502_when_the_engine_is_unreachable_and_records_it(directory, recorder):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()  # nothing listens there
     app = create_app(directory, recorder, UpstreamConfig(base_url=f"http://127.0.0.1:{port}/v1", connect_timeout_s=2))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy/rollouts/r1/v1",
                                  headers=headers()) as c:

@@ -1,13 +1,16 @@
 """The run's sampling parameters on every engine call, whatever the harness asked for; what it asked is recorded."""
 from __future__ import annotations
 
+import asyncio
+
 import anthropic
 import httpx
 import openai
 import pytest
 
-from proxy.sampling import enforce_sampling
-from proxy.types import UpstreamConfig
+from proxy.sampling import GREEDY, enforce_sampling, rollout_sampling
+from proxy.types import RolloutInfo, UpstreamConfig
+from tests.proxy.conftest import until
 
 RUN = {"temperature": 0.7, "top_p": 1.0, "top_k": -1}
 ENGINE = {**RUN, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -114,3 +117,67 @@ async def test_it_passes_the_harness_sampling_through_when_the_run_sets_none(pro
     assert fake.requests[-1]["temperature"] == 1.2 and fake.requests[-1]["logit_bias"] == {"5": 1}
     assert "presence_penalty" not in fake.requests[-1]
     assert recorder.calls[0].sampling_overrides == {} and proxy.sampling_override_calls == 0
+
+
+# --- a rollout's own sampling: greedy evaluation attempts ---------------------------------------------------
+
+def rollout_client(proxy, rollout_id: str, secret: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy),
+                             base_url=f"http://proxy/rollouts/{rollout_id}/v1",
+                             headers={"authorization": f"Bearer {secret}"})
+
+
+def test_a_rollouts_own_knobs_go_over_the_runs():
+    assert rollout_sampling(RUN, GREEDY) == {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
+    assert rollout_sampling(RUN, {}) is RUN  # every other rollout: exactly the run's
+    assert rollout_sampling(None, GREEDY) == {"temperature": 0.0} and rollout_sampling(None, {}) is None
+
+
+def test_a_rollout_with_an_unknown_knob_is_refused_naming_it():
+    with pytest.raises(ValueError, match="rollout g1's sampling has unknown key 'temp'"):
+        RolloutInfo("g1", "hash", finished=False, sampling={"temp": 0.0})
+
+
+@pytest.mark.parametrize("upstream_stream", [False, True])
+async def test_a_greedy_rollout_is_served_at_temperature_0_and_its_neighbours_at_the_runs(
+        proxy, directory, fake, recorder, upstream_stream):
+    directory.add("g1", "sg", sampling=GREEDY, split="val")
+    directory.add("v1", "sv", split="val")
+    body = {"model": "m", "messages": MESSAGES, "temperature": 1.0, "stream": upstream_stream}
+    for rollout_id, secret in (("g1", "sg"), ("v1", "sv"), ("r1", "s1")):
+        async with rollout_client(proxy, rollout_id, secret) as http:
+            assert (await http.post("/chat/completions", json=body)).status_code == 200
+
+    greedy, sampled, train = fake.requests
+    assert _sampled(greedy) == {**ENGINE, "temperature": 0.0} and greedy["logprobs"] is True
+    assert _sampled(sampled) == _sampled(train) == ENGINE
+    assert [(c.rollout_id, c.status_code, c.upstream_request["temperature"], c.sampling_overrides)
+            for c in recorder.calls] == [("g1", 200, 0.0, {"temperature": 1.0}), ("v1", 200, 0.7, {"temperature": 1.0}),
+                                         ("r1", 200, 0.7, {"temperature": 1.0})]
+    assert recorder.calls[0].logprobs and len(recorder.calls[0].logprobs) == len(recorder.calls[0].completion_ids)
+
+
+async def test_evaluation_calls_count_neither_as_generation_time_nor_as_overridden(proxy, directory, recorder):
+    directory.add("g1", "sg", sampling=GREEDY, split="val")
+    async with rollout_client(proxy, "g1", "sg") as http:
+        for _ in range(3):
+            await http.post("/chat/completions", json={"model": "m", "messages": MESSAGES, "temperature": 1.0})
+    assert [c.status_code for c in recorder.calls] == [200] * 3
+    assert proxy.busy_seconds == 0.0 and proxy.sampling_override_calls == 0 and proxy.gate.in_flight == 0
+
+    async with rollout_client(proxy, "r1", "s1") as http:
+        await http.post("/chat/completions", json={"model": "m", "messages": MESSAGES, "temperature": 1.0})
+    assert proxy.busy_seconds > 0 and proxy.sampling_override_calls == 1
+
+
+async def test_a_pause_still_drains_evaluation_calls(proxy, directory, fake, recorder):
+    """Evaluation calls leave the generation time, not the gate: a weight update waits for them too."""
+    directory.add("v1", "sv", split="val")
+    fake.latency_s = 0.3
+    async with rollout_client(proxy, "v1", "sv") as http:
+        call = asyncio.create_task(http.post("/chat/completions", json={"model": "m", "messages": MESSAGES}))
+        await until(lambda: proxy.gate.in_flight == 1, "the evaluation call is admitted")
+        await proxy.pause(timeout=10)
+        assert [c.status_code for c in recorder.calls] == [200] and proxy.gate.in_flight == 0  # drained: recorded
+        await proxy.resume()
+        assert (await call).status_code == 200
