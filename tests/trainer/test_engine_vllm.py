@@ -1,5 +1,6 @@
 """The real vLLM server from the engine venv: token ids, weight sync, pause/resume, logprob agreement."""
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -7,8 +8,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from common.procs import group_alive
 from trainer.engine import EngineConfig, VLLMEngine, default_engine_venv, managed_engine
-from trainer.engine.server import group_alive
+from trainer.engine.startup import NAMES
 from trainer.policy import pack, token_logprobs
 from trainer.samples import Sample
 
@@ -25,7 +27,10 @@ PROMPT = [{"role": "user", "content": "What is 12 * 34? Answer with CALC: then t
 def engine(tiny_model_dir, tmp_path_factory):
     config = EngineConfig(model_path=str(tiny_model_dir), served_model_name="tiny", max_model_len=1024,
                           kv_cache_gb=0.25, dtype="float32")  # "auto" would downcast to bfloat16 on CPU
-    with managed_engine(config, tmp_path_factory.mktemp("engine"), start_timeout=600) as engine:
+    reports = []
+    with managed_engine(config, tmp_path_factory.mktemp("engine"), start_timeout=600,
+                        on_progress=lambda phase, fraction: reports.append((phase, fraction))) as engine:
+        engine.progress_reports = reports
         yield engine
 
 
@@ -49,6 +54,10 @@ def engine_vs_trainer_logprobs(reply, model):
     return torch.tensor(engine_lp, dtype=torch.float64), trainer_lp.double()
 
 
+def is_paused(engine) -> bool:
+    return httpx.get(f"{engine.base_url}/is_paused").json()["is_paused"]
+
+
 def served_state(engine):
     return load_file(engine.sync.model_dir / "model.safetensors")
 
@@ -56,6 +65,15 @@ def served_state(engine):
 def perturbed(state, seed):
     gen = torch.Generator().manual_seed(seed)
     return {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+
+
+def test_a_real_start_reports_every_phase_from_the_vllm_log(engine):
+    assert list(engine.server.start_timings) == list(NAMES)  # each phase's line was found in vLLM's own log
+    phases = [NAMES.index(phase) for phase, _ in engine.progress_reports]
+    fractions = [fraction for _, fraction in engine.progress_reports]
+    assert phases == sorted(phases) and fractions == sorted(fractions)
+    assert engine.progress_reports[0] == ("launching", 0.0) and engine.progress_reports[-1] == ("ready", 1.0)
+    assert len(engine.progress_reports) >= len(NAMES)
 
 
 def test_it_serves_token_ids_and_logprobs_under_the_served_name(engine):
@@ -86,20 +104,24 @@ async def test_a_weight_sync_changes_greedy_output_and_tags_the_version(engine, 
     model.tie_weights()
 
     await engine.pause()
-    assert engine.sync.is_paused()
+    assert is_paused(engine)
     await engine.update_weights(model, version=1)
     await engine.resume()
-    assert engine.version == 1 and engine.sync.version() == 1 and not engine.sync.is_paused()
+    assert engine.version == 1 and engine.sync.version() == 1 and not is_paused(engine)
 
     reply = chat(engine, max_tokens=24)
     assert reply["choices"][0]["token_ids"][:16] != base
+    shared = load_file(Path(engine.server.config.model_path) / "model.safetensors")  # what every run starts from
+    assert all(torch.equal(shared[k], original[k]) for k in original)  # the sync went to the run's own folder
     engine_lp, trainer_lp = engine_vs_trainer_logprobs(reply, model)
     diff = (engine_lp - trainer_lp).abs().max().item()
     print(f"\nLOGPROB AGREEMENT after sync: max |engine - trainer| = {diff:.2e} over {len(engine_lp)} tokens "
           "(vLLM float32, trainer float32)")
     assert diff < 1e-3
 
-    engine.sync.update_weights(original, version=2)  # a state dict round trip restores the base behaviour
+    await engine.pause()
+    await engine.update_weights(original, version=2)  # a state dict round trip restores the base behaviour
+    await engine.resume()
     assert chat(engine, max_tokens=16)["choices"][0]["token_ids"] == base
     assert VLLMEngine(engine.sync).version == 2  # a new adapter reads the version back from the engine
 
@@ -131,7 +153,7 @@ def test_stop_leaves_no_process_of_the_group(engine):
     assert not group_alive(pgid) and not server.health()
 
 
-def test_smollm2_imported_from_gguf_serves_and_reloads_in_vllm(tmp_path):
+async def test_smollm2_imported_from_gguf_serves_and_reloads_in_vllm(tmp_path):
     from trainer.models import import_smollm2
 
     model_dir = import_smollm2(tmp_path / "smollm2")
@@ -144,7 +166,9 @@ def test_smollm2_imported_from_gguf_serves_and_reloads_in_vllm(tmp_path):
         assert first["prompt_token_ids"][0] == 1  # <|im_start|>, then SmolLM2's default system prompt
         assert first["choices"][0]["message"]["content"].strip()
         assert first["choices"][0]["finish_reason"] in ("stop", "length")
-        engine.sync.update_weights(served_state(engine), version=7)
+        await engine.pause()
+        await engine.update_weights(served_state(engine), version=7)
+        await engine.resume()
         again = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=300).json()
         assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
         assert engine.sync.version() == 7

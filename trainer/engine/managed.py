@@ -1,31 +1,37 @@
-"""One call to serve a model for a run: stage a private copy, start vLLM, hand out the scheduler's Engine."""
+"""One call to serve a model for a run: the shared served folder, the run's weights folder, vLLM started with
+progress, and the scheduler's Engine handed out."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Awaitable, Callable, Iterator
 
+from trainer.engine.folders import run_weights_folder, shared_served_model
 from trainer.engine.server import EngineConfig, VLLMServer
-from trainer.engine.sync import VLLMEngine, WeightSync, stage_model
+from trainer.engine.startup import ProgressCallback
+from trainer.engine.sync import VLLMEngine, WeightSync
 
 logger = logging.getLogger(__name__)
+
+AsyncProgressCallback = Callable[[str, "float | None"], Awaitable[None]]
 
 
 @contextmanager
 def managed_engine(config: EngineConfig, work_dir: str | Path, start_timeout: float = 600.0,
-                   pause_mode: str = "wait") -> Iterator[VLLMEngine]:
-    """Serve config.model_path from `work_dir/served-model` (syncs never touch the source) until the block ends.
+                   pause_mode: str = "wait", on_progress: ProgressCallback | None = None) -> Iterator[VLLMEngine]:
+    """Serve config.model_path until the block ends; weight syncs go to `work_dir/weights`, never to the source.
 
     The yielded engine has `.base_url` (OpenAI API under /v1), `.server` (log_path, pgid) and `.sync`.
+    `on_progress(phase, fraction)` hears how the start goes (VLLMServer.start).
     """
-    server = _staged_server(config, work_dir)
-    server.start(timeout=start_timeout)
+    server, weights = _prepared_server(config, work_dir)
+    server.start(timeout=start_timeout, on_progress=on_progress)
     engine = None
     try:
-        engine = _engine_for(server, pause_mode)
+        engine = _engine_for(server, weights, pause_mode)
         yield engine
     finally:
         if engine is not None:
@@ -35,17 +41,29 @@ def managed_engine(config: EngineConfig, work_dir: str | Path, start_timeout: fl
 
 @asynccontextmanager
 async def serving_engine(config: EngineConfig, work_dir: str | Path, start_timeout: float = 600.0,
-                         pause_mode: str = "wait") -> AsyncIterator[VLLMEngine]:
+                         pause_mode: str = "wait", on_progress: AsyncProgressCallback | None = None,
+                         progress_every_s: float = 1.0) -> AsyncIterator[VLLMEngine]:
     """`managed_engine` for async code: the start runs on a thread, and cancelling the awaiting task at any
-    moment, the start included, stops the server and returns only once its process group is gone."""
-    server = await asyncio.to_thread(_staged_server, config, work_dir)
-    starting = asyncio.get_running_loop().run_in_executor(None, server.start, start_timeout)
+    moment, the start included, stops the server and returns only once its process group is gone.
+
+    `on_progress(phase, fraction)` is awaited on this loop, at most once per `progress_every_s` with the latest
+    report (a database write per report stays bounded); the last one, ("ready", 1.0), is delivered before the
+    block is entered.
+    """
+    server, weights = await asyncio.to_thread(_prepared_server, config, work_dir)
+    relay = _ProgressRelay(on_progress, progress_every_s) if on_progress else None
+    starting = asyncio.get_running_loop().run_in_executor(None, server.start, start_timeout, 3,
+                                                          relay.report if relay else None)
     engine = None
     try:
         await asyncio.shield(starting)
-        engine = _engine_for(server, pause_mode)
+        if relay:
+            await relay.close()
+        engine = _engine_for(server, weights, pause_mode)
         yield engine
     finally:
+        if relay:
+            relay.cancel()
         if engine is not None:
             engine.close()
         # A cancelled start is still running on its thread: abort makes it give up within a second.
@@ -55,15 +73,68 @@ async def serving_engine(config: EngineConfig, work_dir: str | Path, start_timeo
             starting.exception()  # seen: an aborted start's EngineError is expected here
 
 
-def _staged_server(config: EngineConfig, work_dir: str | Path) -> VLLMServer:
-    """A server (not started) for a run-private copy of the model in `work_dir/served-model`."""
+def _prepared_server(config: EngineConfig, work_dir: str | Path) -> tuple[VLLMServer, Path]:
+    """A server (not started) for the model's shared served folder, and the run's weights folder beside it.
+
+    The shared folder lives in the engine cache (config.cache_dir), or in `work_dir` when there is none.
+    """
     work_dir = Path(work_dir)
-    served = stage_model(config.model_path, work_dir / "served-model")
-    return VLLMServer(dataclasses.replace(config, model_path=str(served)), log_path=work_dir / "engine.log")
+    models = Path(config.cache_dir) / "models" if config.cache_dir else work_dir / "models"
+    served = shared_served_model(config.model_path, models)
+    weights = run_weights_folder(served, work_dir / "weights")
+    server = VLLMServer(dataclasses.replace(config, model_path=str(served)), log_path=work_dir / "engine.log")
+    return server, weights
 
 
-def _engine_for(server: VLLMServer, pause_mode: str) -> VLLMEngine:
+def _engine_for(server: VLLMServer, weights: Path, pause_mode: str) -> VLLMEngine:
     """The scheduler's Engine over a started server, with `.server` for its log and process group."""
-    engine = VLLMEngine(WeightSync(server.base_url, server.config.model_path, pause_mode=pause_mode))
+    engine = VLLMEngine(WeightSync(server.base_url, weights, pause_mode=pause_mode))
     engine.server = server
     return engine
+
+
+class _ProgressRelay:
+    """Carries progress reports from the starting thread to an async callback on the loop: the latest report,
+    at most once per interval, one call at a time."""
+
+    def __init__(self, callback: AsyncProgressCallback, every_s: float):
+        self._loop = asyncio.get_running_loop()
+        self._callback, self._every_s = callback, every_s
+        self._latest: tuple[str, float | None] | None = None
+        self._pending = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._task = asyncio.create_task(self._deliver())
+
+    def report(self, phase: str, fraction: float | None) -> None:
+        """Any thread: replace the report not yet delivered."""
+        self._loop.call_soon_threadsafe(self._keep, (phase, fraction))
+
+    def _keep(self, report: tuple[str, float | None]) -> None:
+        self._latest = report
+        self._pending.set()
+
+    async def close(self) -> None:
+        """Deliver what is pending now, without waiting out the interval, and stop."""
+        self._closing.set()
+        self._pending.set()
+        await self._task
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    async def _deliver(self) -> None:
+        while True:
+            await self._pending.wait()
+            self._pending.clear()
+            if self._latest is not None:
+                report, self._latest = self._latest, None
+                try:
+                    await self._callback(*report)
+                except Exception:  # noqa: BLE001 - a failing progress display must not fail the engine start
+                    logger.warning("engine start progress callback failed for %r", report, exc_info=True)
+            if self._closing.is_set():
+                if self._latest is None:
+                    return
+                continue  # a report came in during the call: deliver it before stopping
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), timeout=self._every_s)  # the throttle; close cuts it

@@ -1,11 +1,10 @@
-"""vLLM OpenAI server lifecycle: start from the engine venv on a free port, wait for health, stop the whole group."""
+"""vLLM OpenAI server lifecycle: start from the engine venv on a free port, report progress until healthy, stop the
+whole group."""
 from __future__ import annotations
 
 import atexit
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from common.procs import free_port, kill_group
+from trainer.engine.startup import ProgressCallback, StartTimes, StartWatch
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,10 @@ class EngineConfig:
     """More vLLM command-line arguments, passed through."""
     extra_env: dict = field(default_factory=dict)
     """More environment variables for the engine process."""
+    cache_dir: str | None = None
+    """Engine cache shared by every start on this machine: compile caches (vLLM's and torch inductor's), the
+    timings of the last start per model, and (trainer.engine.managed) the served model folders. None: vLLM's
+    and torch's default cache folders, and no start timings kept."""
 
     def __post_init__(self) -> None:
         if self.max_model_len < 16:
@@ -79,12 +85,6 @@ class EngineConfig:
     @property
     def venv_path(self) -> Path:
         return Path(self.venv) if self.venv else default_engine_venv()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def is_cpu_build(venv: Path) -> bool:
@@ -120,6 +120,19 @@ def build_env(config: EngineConfig) -> dict[str, str]:
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override --kv-cache-memory-bytes
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)  # the engine venv must not see the trainer's packages
+    if config.cache_dir:
+        env["VLLM_CACHE_ROOT"] = str(Path(config.cache_dir) / "vllm")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir) / "inductor")
+    if is_cpu_build(config.venv_path):
+        # vllm-cpu 0.32 saves an AOT-compiled model it then fails to load ("'function' object has no attribute
+        # 'finalize_loading'") and compiles again on every start. Without AOT, inductor's own cache is used: the
+        # second start of SmolLM2 compiled and warmed up in 11 s instead of 54 s (bench/engine_start.py).
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        # The model runs inside the engine-core process (uniproc executor) instead of a worker process of its
+        # own: with a worker, the engine core busy-waits on their shared-memory queue (a core spent spinning,
+        # and 0.2 of a core while idle, taken from the trainer). Demo generation, 32 episodes: 6.3 s instead of
+        # 10 s, 12 instead of 20 engine CPU-seconds (bench/step_overhead.py); logprobs and weight sync unchanged.
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.update({str(k): str(v) for k, v in config.extra_env.items()})
     return env
 
@@ -139,7 +152,10 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="vllm-")) / "engine.log"
         self.port = config.port
         self.proc: subprocess.Popen | None = None
+        self.start_timings: dict[str, float] = {}
+        """Seconds after launch at which each start phase began, once started (trainer.engine.startup.PHASES)."""
         self._aborted = False
+        self._stopped = False
         self._lock = threading.Lock()  # orders abort() against the launch in start() on another thread
 
     @property
@@ -153,10 +169,13 @@ class VLLMServer:
     def pgid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout: float = 300.0, attempts: int = 3) -> "VLLMServer":
+    def start(self, timeout: float = 300.0, attempts: int = 3,
+              on_progress: ProgressCallback | None = None) -> "VLLMServer":
         """Launch and block until /health answers 200; raise EngineError with the log tail otherwise.
 
-        With no fixed port, a start that loses a port race ("Address already in use") is retried on a new one.
+        `on_progress(phase, fraction)` hears, on this thread, each phase the log shows (loading weights, compiling,
+        ...) and the estimated fraction done, up to ("ready", 1.0). With no fixed port, a start that loses a port
+        race ("Address already in use") is retried on a new one.
         """
         if self.running():
             return self
@@ -165,35 +184,45 @@ class VLLMServer:
             raise EngineError(f"engine venv not found at {self.config.venv_path}: run scripts/setup-engine")
         for attempt in range(1, attempts + 1):
             try:
-                return self._start_once(python, timeout)
+                return self._start_once(python, timeout, on_progress)
             except EngineError as exc:
                 if self.config.port or attempt == attempts or "Address already in use" not in str(exc):
                     raise
                 logger.warning("vLLM lost a port race (attempt %d of %d): retrying on another port", attempt, attempts)
         raise AssertionError("unreachable")
 
-    def _start_once(self, python: Path, timeout: float) -> "VLLMServer":
+    def _start_once(self, python: Path, timeout: float, on_progress: ProgressCallback | None) -> "VLLMServer":
         self.port = self.config.port or free_port(self.config.host)
         cmd = build_command(self.config, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM for %s on port %d (log %s)", self.config.model_path, self.port, self.log_path)
+        times = self._start_times()
         with self._lock, open(self.log_path, "ab") as log:
             if self._aborted:
                 raise EngineError("engine start aborted")
+            watch = StartWatch(self.log_path, log.tell(), times.load(self.config.model_path) if times else None,
+                               on_progress)
             self.proc = subprocess.Popen(
                 [str(python), str(WATCHDOG), str(os.getpid()), "--", *cmd],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=build_env(self.config), start_new_session=True,
             )
+            self._stopped = False
         _LIVE.add(self)
         try:
-            self._wait_healthy(timeout)
+            self._wait_healthy(timeout, watch)
         except BaseException:
             self.stop()
             raise
+        self.start_timings = watch.tracker.timings()
+        if times:
+            times.save(self.config.model_path, self.start_timings)
         return self
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _start_times(self) -> StartTimes | None:
+        return StartTimes(Path(self.config.cache_dir) / "start-times.json") if self.config.cache_dir else None
+
+    def _wait_healthy(self, timeout: float, watch: StartWatch) -> None:
         started = time.monotonic()
         next_note = started + 15
         while True:
@@ -203,7 +232,9 @@ class VLLMServer:
             if code is not None:
                 raise EngineError(f"vLLM exited with code {code} during startup; last log lines "
                                   f"({self.log_path}):\n{log_tail(self.log_path)}")
+            watch.poll()
             if self.health():
+                watch.finish()
                 logger.info("vLLM ready at %s after %.0f s", self.base_url, time.monotonic() - started)
                 return
             now = time.monotonic()
@@ -211,8 +242,8 @@ class VLLMServer:
                 raise EngineError(f"vLLM not healthy after {timeout:.0f} s; last log lines "
                                   f"({self.log_path}):\n{log_tail(self.log_path)}")
             if now >= next_note:
-                last = log_tail(self.log_path, 1)[:200]
-                logger.info("waiting for vLLM (%.0f s): %s", now - started, last)
+                logger.info("waiting for vLLM (%.0f s): %s, about %.0f%% done", now - started, watch.tracker.phase,
+                            100 * watch.tracker.fraction())
                 next_note = now + 15
             time.sleep(1.0)
 
@@ -235,28 +266,17 @@ class VLLMServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM the whole process group, SIGKILL whatever is left after `grace` seconds."""
-        if self.proc is None:
-            return
+        """SIGTERM the whole process group, SIGKILL whatever is left after `grace` seconds, wait until it is gone."""
+        if self.proc is None or self._stopped:
+            return  # once stopped, the group id may belong to somebody else
         pgid = self.proc.pid
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while group_alive(pgid) and time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader so it does not count as alive
-            time.sleep(0.2)
-        if group_alive(pgid):
-            logger.warning("vLLM group %d ignored SIGTERM for %.0f s: SIGKILL", pgid, grace)
-            _signal_group(pgid, signal.SIGKILL)
+        if not kill_group(pgid, grace_s=grace):
+            logger.error("vLLM group %d still has live processes after SIGKILL", pgid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             logger.error("vLLM group leader %d still not reaped after SIGKILL", pgid)
-        # SIGKILL is delivered asynchronously: on a busy machine the rest of the group may need a moment to go.
-        deadline = time.monotonic() + 10
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if group_alive(pgid):
-            logger.error("vLLM group %d still has live processes 10 s after SIGKILL", pgid)
+        self._stopped = True
         _LIVE.discard(self)
         logger.info("vLLM on port %s stopped", self.port)
 
@@ -265,29 +285,6 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process (zombies excluded) is left in the process group."""
-    proc = Path("/proc")
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 _LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
