@@ -1,6 +1,7 @@
 """Django settings: the only place that reads the environment (through lightning_web.env)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -123,7 +124,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns on every request otherwise
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js as the plotly wheel ships it, at static/plotly/plotly.min.js: run charts need no CDN.
+PLOTLY_JS_DIR = Path(importlib.util.find_spec("plotly").origin).parent / "package_data"
+STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", PLOTLY_JS_DIR)]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -164,9 +167,29 @@ LIGHTNING_REWARD_MEMORY_MB = env_int("LIGHTNING_REWARD_MEMORY_MB", 512, minimum=
 LIGHTNING_REWARD_OUTPUT_BYTES = env_int("LIGHTNING_REWARD_OUTPUT_BYTES", 64 * 1024, minimum=1024)
 LIGHTNING_MODELS_DIR = Path(env_str("LIGHTNING_MODELS_DIR") or DATA_DIR / "models").expanduser().resolve()
 LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
+LIGHTNING_ENGINE_CACHE_DIR = DATA_DIR / "engine-cache"  # compile caches and served model folders, shared by runs
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
 LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)
+
+# Durable runs (runs.durability): the worker holding a run beats every LIGHTNING_HEARTBEAT_EVERY_S; the sweep,
+# every LIGHTNING_SWEEP_EVERY_S, takes a run whose beat is older than LIGHTNING_RUN_LOST_AFTER_S for lost and
+# re-queues it from its checkpoint, up to LIGHTNING_RUN_MAX_WORKER_STARTS worker starts (a run that kills
+# every worker, e.g. out of memory, then fails instead of looping).
+LIGHTNING_HEARTBEAT_EVERY_S = env_int("LIGHTNING_HEARTBEAT_EVERY_S", 10, minimum=1)
+LIGHTNING_RUN_LOST_AFTER_S = env_int("LIGHTNING_RUN_LOST_AFTER_S", 60, minimum=2)
+if LIGHTNING_RUN_LOST_AFTER_S < 2 * LIGHTNING_HEARTBEAT_EVERY_S:
+    raise EnvError(f"LIGHTNING_RUN_LOST_AFTER_S={LIGHTNING_RUN_LOST_AFTER_S} must be at least twice "
+                   f"LIGHTNING_HEARTBEAT_EVERY_S={LIGHTNING_HEARTBEAT_EVERY_S}, or one late beat would lose a live run")
+LIGHTNING_SWEEP_EVERY_S = env_int("LIGHTNING_SWEEP_EVERY_S", 15, minimum=1)
+LIGHTNING_RUN_MAX_WORKER_STARTS = env_int("LIGHTNING_RUN_MAX_WORKER_STARTS", 5, minimum=1)
+LIGHTNING_CHECKPOINTS_KEPT = env_int("LIGHTNING_CHECKPOINTS_KEPT", 2, minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-lost-runs": {"task": "runs.tasks.sweep_lost_runs", "schedule": float(LIGHTNING_SWEEP_EVERY_S),
+                        # A sweep nobody took in time is superseded by the next one.
+                        "options": {"queue": "default", "expires": float(LIGHTNING_SWEEP_EVERY_S)}},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 LOGGING = {
     "version": 1,

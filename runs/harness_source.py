@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Iterator
 
 from asgiref.sync import sync_to_async
 
@@ -30,6 +33,7 @@ class HarnessSource:
         self.finished: asyncio.Queue = asyncio.Queue()
         self.running: dict[int, list[asyncio.Task]] = {}
         self.policy_version = 0
+        self.scoring = BusyTime()  # train rollouts' reward scoring, for the step's time/score
 
     async def launch(self, group: scheduler.GroupRequest) -> None:
         task_id = random.Random(self.config.seed * 1_000_003 + group.group_id).choice(self.train_ids)
@@ -39,6 +43,11 @@ class HarnessSource:
             coro = self.attempt(task, "train", group.policy_version, group.group_id, attempt)
             attempts.append(asyncio.create_task(self._report(group.group_id, coro)))
         self.running[group.group_id] = attempts
+
+    @property
+    def score_seconds(self) -> float:
+        """Wall seconds with at least one train rollout being scored (the scheduler's time/score)."""
+        return self.scoring.seconds
 
     async def next_finished(self) -> scheduler.RolloutResult:
         return await self.finished.get()
@@ -59,10 +68,13 @@ class HarnessSource:
                                              error=f"{type(exc).__name__}: {exc}")
         self.finished.put_nowait(result)
 
-    async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int) -> scheduler.RolloutResult:
-        """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls."""
+    async def attempt(self, task: Task, split: str, version: int, group: int, attempt: int,
+                      greedy: bool = False) -> scheduler.RolloutResult:
+        """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls.
+
+        `greedy`: an evaluation attempt the proxy serves at temperature 0."""
         rollout, secret = await db(services.create_rollout)(self.run, task=task, split=split, step=version,
-                                                            group=group, attempt=attempt)
+                                                            group=group, attempt=attempt, greedy=greedy)
         await db(services.start_rollout)(rollout.pk)
         harness = self.run.harness_snapshot
         try:
@@ -76,7 +88,8 @@ class HarnessSource:
                                               reward_detail={}, exit_code=None, error="cancelled with its run")
             raise
         calls, trouble = await db(calls_of)(rollout.pk)
-        reward, detail, reward_error = await self._score(task, out)
+        with self.scoring.track() if split == "train" else nullcontext():
+            reward, detail, reward_error = await self._score(task, out)
         kind, error = failure_of(out, reward_error, calls, trouble)
         if kind == scheduler.POLICY_FAILURE:
             detail = {**detail, "script_reward": reward}
@@ -97,6 +110,29 @@ class HarnessSource:
         if not result.ok:
             return None, {"reward_error": result.error, "reward_output": result.output}, f"reward: {result.error}"
         return result.reward, result.detail, ""
+
+
+class BusyTime:
+    """Wall seconds with at least one tracked operation running; overlapping ones count once."""
+
+    def __init__(self) -> None:
+        self._closed, self._running, self._since = 0.0, 0, 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self._closed + (time.perf_counter() - self._since if self._running else 0.0)
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        if self._running == 0:
+            self._since = time.perf_counter()
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._closed += time.perf_counter() - self._since
 
 
 def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: str) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Drives one run end to end: setup, engine and proxy, the training loop, cancel at any moment.
 
 The parts live beside it: harness rollouts and scoring (runs.harness_source), evaluation (runs.evaluation), the
-gated engine (runs.gated_engine).
+gated engine (runs.gated_engine), heartbeat and resume from a checkpoint (runs.durability).
 """
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db.models import Q
 
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import services
+from runs import durability, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource
@@ -47,34 +48,50 @@ def model_folder(run: Run) -> Path:
     return folder
 
 
-def execute(run_id: int) -> str:
-    """Run a claimed run to its end; returns the final status. Blocking: the Celery task calls it."""
+def checkpoint_folder(run: Run) -> Path:
+    """The checkpoint a re-queued run resumes from, or RunSetupError saying why it cannot."""
+    folder = Path(run.checkpoint_path)
+    if not (folder / "trainer_state.json").is_file():
+        raise RunSetupError(f"checkpoint folder {folder} is gone or incomplete: the run cannot resume from it; "
+                            "clone the run to start again")
+    return folder
+
+
+def execute(run_id: int, generation: int) -> str:
+    """Run a run claimed as worker `generation` to its end; returns the final status. Blocking: the Celery task
+    calls it."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_execute(run_id))
+        return asyncio.run(_execute(run_id, generation))
     # Called from a thread that already runs a loop: give the run a thread and a loop of its own.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{run_id}") as pool:
-        return pool.submit(asyncio.run, _execute(run_id)).result()
+        return pool.submit(asyncio.run, _execute(run_id, generation)).result()
 
 
-async def _execute(run_id: int) -> str:
+async def _execute(run_id: int, generation: int) -> str:
     """The run as one task that a cancel stops at any moment: engine start, evaluation, rollouts or training."""
-    main = asyncio.create_task(_serve_and_train(run_id))
-    watcher = asyncio.create_task(_watch_cancel(run_id, main))
+    main = asyncio.create_task(_serve_and_train(run_id, generation))
+    watcher = asyncio.create_task(_watch(run_id, generation, main))
     try:
-        return await main
+        status = await main  # the run's processes are all stopped once it returns
+        return await _end(run_id, generation, status, None)
     except asyncio.CancelledError:
-        if not watcher.done() or not await _cancel_requested(run_id):
+        if not watcher.done():
             raise
         # Every process is gone by now: the engine's and the harnesses' context managers ran on the way out.
+        if watcher.result() == LOST:
+            status = await db(lambda: Run.objects.values_list("status", flat=True).get(pk=run_id))()
+            logger.warning("run %s: this worker (generation %s) no longer holds the run (now %s); it stopped "
+                           "without touching it", run_id, generation, status)
+            return status
         await db(services.cancel_unfinished_rollouts)(run_id, "cancelled with its run")
-        return await _end(run_id, RunStatus.CANCELLED, "cancelled by its owner")
+        return await _end(run_id, generation, RunStatus.CANCELLED, "cancelled by its owner")
     finally:
         watcher.cancel()
 
 
-async def _serve_and_train(run_id: int) -> str:
+async def _serve_and_train(run_id: int, generation: int) -> str:
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
     folder = model_folder(run)
@@ -86,24 +103,38 @@ async def _serve_and_train(run_id: int) -> str:
         raise RunSetupError(f"harness executor {run.harness_snapshot['executor']!r} is not available in this build; "
                             "use a local harness")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
+    resume = None
+    if run.checkpoint_path:  # re-queued after a lost worker, resumed or continued by its owner
+        checkpoint = checkpoint_folder(run)
+        resume = await db(durability.prepare_resume)(run, checkpoint, durability.checkpoint_step(checkpoint))
+        run = await db(Run.objects.get)(pk=run_id)  # as rewound
+        await _log(run_id, f"resuming from the checkpoint of step {resume.step} (worker start {generation}): "
+                           f"{resume.lost_rollouts} rollouts lost in all; steps {list(resume.dropped_steps)} "
+                           "are redone")
     await _log(run_id, f"starting the engine for {run.model} (vLLM; about a minute on CPU)")
     from trainer.engine import EngineConfig, serving_engine
 
     engine_config = EngineConfig(model_path=str(folder), max_model_len=config.max_model_len,
-                                 kv_cache_gb=config.kv_cache_gb, seed=config.seed)
-    async with serving_engine(engine_config, workdir / "engine") as engine:
-        await db(services.transition_run)(run_id, RunStatus.RUNNING)
+                                 kv_cache_gb=config.kv_cache_gb, seed=config.seed,
+                                 cache_dir=str(settings.LIGHTNING_ENGINE_CACHE_DIR))
+
+    async def engine_progress(phase: str, fraction: float | None) -> None:  # at most once a second
+        await db(services.set_run_phase)(run_id, f"starting the engine: {phase}", fraction)
+
+    async with serving_engine(engine_config, workdir / "engine", on_progress=engine_progress) as engine:
+        await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation))
         upstream = UpstreamConfig(base_url=engine.base_url + "/v1", served_model=engine_config.served_model_name,
                                   sampling=config.sampling)
         app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version)
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:
-            return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids)
+            return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids,
+                                resume, generation)
         finally:
             await asyncio.to_thread(server.stop)
 
 
-async def _train(run, config, folder, engine, server, workdir, train_ids) -> str:
+async def _train(run, config, folder, engine, server, workdir, train_ids, resume, generation) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,7 +147,11 @@ async def _train(run, config, folder, engine, server, workdir, train_ids) -> str
     tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
     source = HarnessSource(run, config, server, workdir, train_ids)
     evaluator = Evaluator(run, config, source)
-    await evaluator.maybe(0, force=True)
+    if resume is None:
+        await evaluator.maybe(0, force=True)
+    else:  # the checkpoint's step was evaluated (if due) before the checkpoint was recorded
+        await durability.restore(policy, engine, resume)
+        await _log(run.pk, f"the engine serves the weights of step {policy.step}")
     overridden = _Counter(lambda: server.app.sampling_override_calls)
 
     async def on_step(report: scheduler.StepReport) -> None:
@@ -128,11 +163,13 @@ async def _train(run, config, folder, engine, server, workdir, train_ids) -> str
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)
 
+    async def on_checkpoint(path: Path, step: int) -> None:
+        await db(services.record_checkpoint)(run.pk, generation, str(path), step)
+        await asyncio.to_thread(durability.prune_checkpoints, path.parent)
+
     await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
-                        checkpoint_dir=workdir / "checkpoints")
-    checkpoints = sorted((workdir / "checkpoints").glob("step-*"))
-    fields = {"checkpoint_path": str(checkpoints[-1])} if checkpoints else {}
-    await db(services.transition_run)(run.pk, RunStatus.SUCCEEDED, **fields)
+                        checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint,
+                        first_group_id=resume.next_group_id if resume else 0)
     return RunStatus.SUCCEEDED
 
 
@@ -160,20 +197,25 @@ def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:
     return {int(rollout_id): by_seq for rollout_id, by_seq in report.drift.items() if rollout_id}
 
 
-async def _watch_cancel(run_id: int, training: asyncio.Task) -> None:
+CANCEL, LOST = "cancel", "lost"
+
+
+async def _watch(run_id: int, generation: int, training: asyncio.Task) -> str | None:
+    """Stop the run's work when its owner cancels it (CANCEL) or this worker no longer holds it (LOST: the sweep
+    took it for lost, another worker resumed it)."""
     while not training.done():
-        if await _cancel_requested(run_id):
+        status, starts = await db(lambda: Run.objects.values_list("status", "worker_starts").get(pk=run_id))()
+        reason = LOST if starts != generation or status not in services.HELD else (
+            CANCEL if status == RunStatus.CANCELLING else None)
+        if reason is not None:
             training.cancel()
-            return
+            return reason
         await asyncio.sleep(0.5)
+    return None
 
 
-async def _cancel_requested(run_id: int) -> bool:
-    return await db(lambda: Run.objects.filter(pk=run_id, status=RunStatus.CANCELLING).exists())()
-
-
-async def _end(run_id: int, status: str, message: str) -> str:
-    await db(services.transition_run)(run_id, status, error=message)
+async def _end(run_id: int, generation: int, status: str, message: str | None) -> str:
+    await db(services.transition_run)(run_id, status, error=message, expect=Q(worker_starts=generation))
     return status
 
 

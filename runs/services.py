@@ -8,8 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DataError, transaction
-from django.db.models import F, Max
-from django.db.models.functions import Greatest
+from django.db.models import F, Max, Q, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from runs import events
@@ -23,17 +23,21 @@ from trainer.config import ConfigError, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
-# The run state machine: the one table every status change goes through.
+# The run state machine: the one table every status change goes through. Back to QUEUED: from STARTING or
+# RUNNING when the sweep re-queues a run whose worker was lost (runs.durability); from FAILED or CANCELLED when
+# its owner resumes it, and from SUCCEEDED when its owner continues it for more steps (both from its checkpoint).
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.FAILED}),
-    RunStatus.RUNNING: frozenset({RunStatus.CANCELLING, RunStatus.SUCCEEDED, RunStatus.FAILED}),
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.FAILED, RunStatus.QUEUED}),
+    RunStatus.RUNNING: frozenset({RunStatus.CANCELLING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.QUEUED}),
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
-    RunStatus.CANCELLED: frozenset(),
+    RunStatus.SUCCEEDED: frozenset({RunStatus.QUEUED}),
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
 }
 FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+HELD = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING})
+"""A worker holds the run and beats for it (Run.heartbeat_at)."""
 ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
                               RolloutStatus.LOST})
 
@@ -241,35 +245,46 @@ def enqueue_run(run_id: int) -> None:
     Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=result.id or "")
 
 
-def transition_run(run_id: int, to: str, *, error: str | None = None, **fields) -> Run:
-    """Move a run to `to` if the table allows it from its current status; InvalidTransition otherwise."""
+def transition_run(run_id: int, to: str, *, error: str | None = None, expect: Q | None = None, **fields) -> Run:
+    """Move a run to `to` if the table allows it from its current status; InvalidTransition otherwise.
+
+    `expect` narrows the conditional update further (e.g. the worker generation that holds the run): a run that
+    changed meanwhile is refused rather than overwritten.
+    """
     allowed_from = [status for status, targets in RUN_TRANSITIONS.items() if to in targets]
     updates: dict[str, Any] = {"status": to, "updated_at": timezone.now(), **fields}
     if error is not None:
         updates["error"] = error[:10000]
-    if to == RunStatus.RUNNING:
-        updates.setdefault("started_at", timezone.now())
+    if to == RunStatus.RUNNING:  # a resumed run keeps its first start
+        updates.setdefault("started_at", Coalesce(F("started_at"), Value(timezone.now())))
     if to in FINISHED:
         updates.setdefault("finished_at", timezone.now())
     with transaction.atomic():
-        changed = Run.objects.filter(pk=run_id, status__in=allowed_from).update(**updates)
+        changed = Run.objects.filter(expect or Q(), pk=run_id, status__in=allowed_from).update(**updates)
         if changed != 1:
             current = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
             if current is None:
                 raise InvalidTransition(f"run {run_id} does not exist")
+            if current in allowed_from:
+                raise InvalidTransition(f"run {run_id} changed meanwhile (it is {current}); not moved to {to}")
             raise InvalidTransition(f"run {run_id} cannot go from {current} to {to}")
         emit_event(run_id, events.RUN_STATUS, {"status": to, "error": updates.get("error", "")})
     logger.info("run %s -> %s", run_id, to)
     return Run.objects.get(pk=run_id)
 
 
-def claim_run(run_id: int, task_id: str) -> bool:
-    """Take a queued run for this worker: exactly one claimer wins."""
+def claim_run(run_id: int, task_id: str) -> int | None:
+    """Take a queued run for this worker: exactly one claimer wins.
+
+    Returns the worker generation (Run.worker_starts after the claim) that this worker's heartbeats and final
+    writes must match, so a worker the sweep gave up on can no longer change the run; None if not claimed.
+    """
     try:
-        transition_run(run_id, RunStatus.STARTING, celery_task_id=task_id)
+        run = transition_run(run_id, RunStatus.STARTING, celery_task_id=task_id, heartbeat_at=timezone.now(),
+                             worker_starts=F("worker_starts") + 1)
     except InvalidTransition:
-        return False
-    return True
+        return None
+    return run.worker_starts
 
 
 def cancel_run(run: Run, user) -> Run:
@@ -296,8 +311,127 @@ def set_run_phase(run_id: int, phase: str, progress: float | None = None) -> Non
         emit_event(run_id, events.RUN_PHASE, {"phase": phase[:300], "progress": progress})
 
 
-def fail_run(run_id: int, error: str) -> Run:
-    return transition_run(run_id, RunStatus.FAILED, error=error)
+def fail_run(run_id: int, error: str, generation: int | None = None) -> Run:
+    """Fail the run; with `generation`, only while that worker generation still holds it."""
+    return transition_run(run_id, RunStatus.FAILED, error=error, expect=_held_by(generation))
+
+
+def _held_by(generation: int | None) -> Q | None:
+    return None if generation is None else Q(worker_starts=generation)
+
+
+# ---------------------------------------------------------------- durable runs (runs.durability decides)
+
+
+def beat_run(run_id: int, generation: int) -> bool:
+    """The heartbeat of the worker holding the run; False once that worker no longer holds it."""
+    return Run.objects.filter(pk=run_id, worker_starts=generation, status__in=HELD).update(
+        heartbeat_at=timezone.now()) == 1
+
+
+def record_checkpoint(run_id: int, generation: int, path: str, step: int) -> bool:
+    """Remember the run's newest complete checkpoint: a lost worker's run resumes from it."""
+    changed = Run.objects.filter(pk=run_id, worker_starts=generation).update(checkpoint_path=path)
+    if changed:
+        emit_event(run_id, events.RUN_LOG, {"line": f"checkpoint of step {step} saved"})
+    return changed == 1
+
+
+def reclaim_lost_run(run_id: int, to: str, *, error: str, still_lost: Q) -> Run:
+    """End or re-queue a run whose worker stopped beating; its unfinished rollouts are lost with that worker.
+
+    `still_lost` is the sweep's condition (same status, generation and stale heartbeat): a worker that beat
+    meanwhile keeps its run (InvalidTransition).
+    """
+    fields = {"celery_task_id": "", "finished_at": None} if to == RunStatus.QUEUED else {}
+    with transaction.atomic():
+        run = transition_run(run_id, to, error=error, expect=still_lost, **fields)
+        lose_rollouts(run_id, Q(status__in=(RolloutStatus.PENDING, RolloutStatus.RUNNING)),
+                      f"lost with its worker ({error or 'the run was re-queued'})")
+        if to == RunStatus.QUEUED:
+            transaction.on_commit(lambda: enqueue_run(run_id))
+    logger.warning("run %s: worker lost; the run is now %s", run_id, to)
+    return run
+
+
+def resume_run(run: Run, user) -> Run:
+    """A failed or cancelled run goes back to the queue and goes on from its last checkpoint."""
+    check_owner(user, run)
+    run.refresh_from_db(fields=["status", "checkpoint_path", "config"])
+    resumable = (RunStatus.FAILED, RunStatus.CANCELLED)
+    if run.status not in resumable:
+        hint = "; continue it for more steps instead" if run.status == RunStatus.SUCCEEDED else ""
+        raise InvalidTransition(f"run {run.pk} is {run.status}; only failed or cancelled runs can be resumed{hint}")
+    return _requeue(run, resumable, f"resumed by its owner from {_checkpoint_name(run)}")
+
+
+def continue_run(run: Run, user, steps: int) -> Run:
+    """A succeeded run goes back to the queue to train `steps` more steps from its final checkpoint."""
+    check_owner(user, run)
+    run.refresh_from_db(fields=["status", "checkpoint_path", "config"])
+    if run.status != RunStatus.SUCCEEDED:
+        hint = "; resume it instead" if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else ""
+        raise InvalidTransition(f"run {run.pk} is {run.status}; only succeeded runs can be continued{hint}")
+    total = int(run.config.get("steps", 0)) + steps
+    try:
+        config = validate_run_config({**run.config, "steps": total})
+    except ConfigError as exc:
+        raise ServiceError(f"steps: {exc}") from exc
+    return _requeue(run, (RunStatus.SUCCEEDED,), f"continued by its owner to {total} steps", config=config)
+
+
+def _requeue(run: Run, from_statuses: tuple[str, ...], note: str, **fields) -> Run:
+    if not run.checkpoint_path:
+        raise InvalidTransition(f"run {run.pk} has no checkpoint to go on from (it stopped before saving one); "
+                                "clone it to start again")
+    with transaction.atomic():
+        run = transition_run(run.pk, RunStatus.QUEUED, error="", expect=Q(status__in=from_statuses),
+                             celery_task_id="", finished_at=None, **fields)
+        emit_event(run.pk, events.RUN_LOG, {"line": note})
+        transaction.on_commit(lambda: enqueue_run(run.pk))
+    logger.info("run %s re-queued: %s", run.pk, note)
+    return run
+
+
+def _checkpoint_name(run: Run) -> str:
+    return f"checkpoint {run.checkpoint_path.rstrip('/').rsplit('/', 1)[-1]}" if run.checkpoint_path else "nothing"
+
+
+def lose_rollouts(run_id: int, which: Q, error: str) -> int:
+    """Mark the run's rollouts matching `which` lost (cancelled and lost ones stay as they are).
+
+    Their recorded calls stay for the inspector; their samples are deleted: a lost rollout is not part of the
+    policy the run goes on with, and a Sample row says it was trained on.
+    """
+    rollouts = Rollout.objects.filter(which, run_id=run_id).exclude(
+        status__in=(RolloutStatus.CANCELLED, RolloutStatus.LOST))
+    with transaction.atomic():
+        ids = list(rollouts.values_list("pk", flat=True))
+        for batch in _batches(ids, STEP_BATCH):
+            Sample.objects.filter(rollout_id__in=batch).delete()
+            Rollout.objects.filter(pk__in=batch).update(
+                status=RolloutStatus.LOST, finished_at=Coalesce(F("finished_at"), timezone.now()))
+            Rollout.objects.filter(pk__in=batch, error="").update(error=error[:10000])
+    return len(ids)
+
+
+def rewind_run(run_id: int, step: int, lost: Q, reason: str) -> dict[str, Any]:
+    """Go back to the checkpoint of `step` before resuming from it.
+
+    Rollouts matching `lost` (not trained into that checkpoint) become lost, and metrics of later steps are
+    deleted: the resumed run trains and evaluates those steps again, so no metric step is written twice.
+    """
+    with transaction.atomic():
+        lose_rollouts(run_id, lost, reason)
+        later = Metric.objects.filter(run_id=run_id, step__gt=step)
+        dropped = sorted(set(later.values_list("step", flat=True)))
+        later.delete()
+        Run.objects.filter(pk=run_id).update(step=step, policy_version=step, updated_at=timezone.now())
+        # All of the run's lost rollouts, those the sweep marked when the worker died included.
+        lost_count = Rollout.objects.filter(run_id=run_id, status=RolloutStatus.LOST).count()
+        payload = {"step": step, "lost_rollouts": lost_count, "dropped_steps": dropped}
+        emit_event(run_id, events.RUN_RESUMED, payload)
+    return payload
 
 
 def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
@@ -310,16 +444,16 @@ def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
 # ---------------------------------------------------------------- rollouts
 
 
-def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int) -> tuple[Rollout, str]:
-    """A new rollout and its API key; only the key's hash is stored, the key is returned once."""
+def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int,
+                   greedy: bool = False) -> tuple[Rollout, str]:
+    """A new rollout and its API key; only the key's hash is stored, the key is returned once.
+
+    `greedy` marks an evaluation attempt the proxy serves at temperature 0 (runs.recorder reads it)."""
     secret = secrets.token_urlsafe(32)
     rollout = Rollout.objects.create(run=run, task=task, split=split, step=step, group=group, attempt=attempt,
-                                     policy_version=run.policy_version, secret_hash=hash_secret(secret))
+                                     greedy=greedy, policy_version=run.policy_version,
+                                     secret_hash=hash_secret(secret))
     return rollout, secret
-
-
-def verify_rollout_secret(rollout: Rollout, secret: str) -> bool:
-    return bool(rollout.secret_hash) and secrets.compare_digest(rollout.secret_hash, hash_secret(secret or ""))
 
 
 def record_calls(calls) -> None:

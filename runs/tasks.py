@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import transaction
 
-from runs import orchestrator, services
+from runs import durability, orchestrator, services
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -13,27 +14,39 @@ logger = logging.getLogger(__name__)
 
 @shared_task(bind=True, name="runs.tasks.execute_run", acks_late=True)
 def execute_run(self, run_id: int) -> str:
-    """Claim a queued run and drive it to its end; returns the final status."""
-    if not services.claim_run(run_id, self.request.id or ""):
+    """Claim a queued run and drive it to its end, beating for it meanwhile; returns the final status."""
+    generation = services.claim_run(run_id, self.request.id or "")
+    if not generation:
         status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
         logger.info("run %s not claimed (status %s)", run_id, status)
         return status or "missing"
     if Run.objects.filter(pk=run_id, status=RunStatus.CANCELLING).exists():
         services.transition_run(run_id, RunStatus.CANCELLED, error="cancelled while starting")
         return RunStatus.CANCELLED
+    with durability.Heartbeat(run_id, generation):
+        try:
+            return orchestrator.execute(run_id, generation)
+        except orchestrator.RunSetupError as exc:
+            logger.warning("run %s cannot start: %s", run_id, exc)
+            return _fail(run_id, generation, str(exc))
+        except Exception as exc:
+            logger.exception("run %s crashed", run_id)
+            return _fail(run_id, generation, f"{type(exc).__name__}: {exc}")
+
+
+@shared_task(name="runs.tasks.sweep_lost_runs")
+def sweep_lost_runs() -> dict[str, str]:
+    """Celery beat runs this every LIGHTNING_SWEEP_EVERY_S: reclaim runs whose worker stopped beating."""
+    return {str(run_id): status for run_id, status in durability.sweep_lost_runs().items()}
+
+
+def _fail(run_id: int, generation: int, message: str) -> str:
+    """Fail the run and close its unfinished rollouts, unless this worker no longer holds it."""
     try:
-        return orchestrator.execute(run_id)
-    except orchestrator.RunSetupError as exc:
-        logger.warning("run %s cannot start: %s", run_id, exc)
-        return _fail(run_id, str(exc))
-    except Exception as exc:
-        logger.exception("run %s crashed", run_id)
-        return _fail(run_id, f"{type(exc).__name__}: {exc}")
-
-
-def _fail(run_id: int, message: str) -> str:
-    services.cancel_unfinished_rollouts(run_id, f"run failed: {message[:200]}")
-    run = Run.objects.get(pk=run_id)
-    if not run.is_finished:
-        services.fail_run(run_id, message)
+        with transaction.atomic():
+            services.fail_run(run_id, message, generation=generation)
+            services.cancel_unfinished_rollouts(run_id, f"run failed: {message[:200]}")
+    except services.InvalidTransition as exc:
+        logger.warning("run %s: failure not recorded: %s", run_id, exc)
+        return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or "missing"
     return RunStatus.FAILED

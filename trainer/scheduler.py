@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +62,10 @@ class RolloutResult:
 
 
 class RolloutSource(Protocol):
-    """Runs harnesses. Implemented by the web app (real harnesses behind the proxy) and by trainer.inprocess."""
+    """Runs harnesses. Implemented by the web app (real harnesses behind the proxy) and by in-process stand-ins.
+
+    `score_seconds` (optional) is its cumulative wall time with at least one reward being computed.
+    """
 
     async def launch(self, group: GroupRequest) -> None:
         """Start the group's rollouts and return at once; they report through `next_finished`."""
@@ -126,13 +131,16 @@ class Scheduler:
 
     def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, decode: Decode | None = None,
                  on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
-                 checkpoint_dir: str | Path | None = None, first_group_id: int = 0):
+                 checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
+                 on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None):
         """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
-        checkpoints go to `checkpoint_dir`/step-NNNNNN; a resumed run passes a `first_group_id` past the ids it
+        checkpoints go to `checkpoint_dir`/step-NNNNNN, and `on_checkpoint(path, step)` hears of each one once it
+        is complete and that step's `on_step` has returned; a resumed run passes a `first_group_id` past the ids it
         already used."""
         self.policy, self.engine, self.source = policy, engine, source
         self.config: TrainerConfig = policy.config
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
+        self.on_checkpoint = on_checkpoint
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
@@ -148,7 +156,7 @@ class Scheduler:
         if self.policy.step == 0:  # a fresh run starts from the seed; a resumed one keeps the checkpoint's RNG
             torch.manual_seed(self.config.seed)
             random.seed(self.config.seed)
-        clock = _Clock(self.engine)
+        clock = _Clock(self.engine, self.source)
         try:
             while self.policy.step < self.config.steps:
                 await self._admit()
@@ -193,11 +201,24 @@ class Scheduler:
 
     # ---- one training step -----------------------------------------------------------------------------
 
+    async def _on_trainer_thread(self, clock: _Clock, part: str, fn: Callable, *args):
+        """Run `fn` on the trainer thread and time it as `part` of the step.
+
+        Sample building, training and checkpoints all run there: the loop stays free for harnesses, the proxy's
+        bookkeeping and cancel (a 2 s checkpoint or sample build on the loop would stall every rollout in flight).
+        """
+        start = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._trainer_thread, fn, *args)
+        finally:
+            clock.add(part, time.perf_counter() - start)
+
     async def _train(self, batch: list[_Group], clock: _Clock) -> None:
         for g in batch:
             del self.groups[g.request.group_id]
         rollouts = [r for g in batch for r in g.results]
-        trained, drift, rollout_index, advantage_metrics = self._samples(batch)
+        trained, drift, rollout_index, advantage_metrics = await self._on_trainer_thread(
+            clock, "build_samples", self._samples, batch)
         samples = [t.sample for t in trained]
         train_start = time.perf_counter()
         # Harnesses keep generating (async mode) while the trainer works; the engine pauses only for the swap.
@@ -207,10 +228,14 @@ class Scheduler:
         await self.engine.pause()  # every call in flight finishes on the weights that admitted it
         drained = time.perf_counter()
         try:
+            # The next groups start now, at the version the update is about to serve: their harnesses start up
+            # while the weights swap, and their first calls wait at the paused engine (the proxy holds them).
+            await self._admit()
+            admitted = time.perf_counter()
             await self.engine.update_weights(self.policy.model, self.policy.version)
         finally:  # never leave harnesses' calls held by a paused engine, even when the update failed
             await self.engine.resume()
-        sync_seconds = time.perf_counter() - drained
+        sync_seconds = time.perf_counter() - admitted
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold, self.reward_of))
         metrics.update(advantage_metrics)
         metrics.update(clock.split(train_end - train_start, sync_seconds))
@@ -219,9 +244,18 @@ class Scheduler:
         metrics["rollout/generated_tokens_per_s"] = generated / max(metrics["time/step"], 1e-9)
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
         self.reports.append(report)
-        self._maybe_checkpoint()
+        # Checkpoint and record land in the next step's wall time (time/checkpoint, time/record): they come
+        # after the split that measured this one.
+        checkpoint = await self._on_trainer_thread(clock, "checkpoint", self._maybe_checkpoint)
         if self.on_step is not None:
+            recording = time.perf_counter()
             maybe = self.on_step(report)
+            if asyncio.iscoroutine(maybe):
+                await maybe
+            clock.add("record", time.perf_counter() - recording)
+        # After on_step: whoever resumes from this checkpoint finds its step already stored.
+        if checkpoint is not None and self.on_checkpoint is not None:
+            maybe = self.on_checkpoint(checkpoint, report.step)
             if asyncio.iscoroutine(maybe):
                 await maybe
 
@@ -254,34 +288,73 @@ class Scheduler:
         """The reward a rollout is trained with: failure_reward for a policy failure."""
         return self.config.failure_reward if rollout.failure_kind == POLICY_FAILURE else rollout.reward
 
-    def _maybe_checkpoint(self) -> None:
+    def _maybe_checkpoint(self) -> Path | None:
+        """The policy's checkpoint plus the scheduler's counters, written under a temporary name and renamed:
+        a folder named step-NNNNNN is always complete."""
         every, step = self.config.checkpoint_every, self.policy.step
         if self.checkpoint_dir is None or not (step == self.config.steps or (every and step % every == 0)):
-            return
-        self.policy.save_checkpoint(Path(self.checkpoint_dir) / f"step-{step:06d}")
+            return None
+        path = Path(self.checkpoint_dir) / f"step-{step:06d}"
+        partial = path.with_name(path.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        self.policy.save_checkpoint(partial)
+        (partial / SCHEDULER_STATE_FILE).write_text(json.dumps(self.counters()))
+        shutil.rmtree(path, ignore_errors=True)  # left by a trajectory a resume went back on
+        partial.rename(path)
+        return path
+
+    def counters(self) -> dict[str, int | list[int]]:
+        """What a resume needs besides the policy: the next group id, and the groups admitted but not yet trained
+        (their rollouts are not in the checkpoint's weights)."""
+        return {"next_group_id": self.next_group_id, "untrained_groups": sorted(self.groups)}
+
+
+SCHEDULER_STATE_FILE = "scheduler_state.json"
+
+
+def read_counters(checkpoint: str | Path) -> dict[str, int | list[int]] | None:
+    """`Scheduler.counters()` as saved in a checkpoint; None for a checkpoint written before they were saved."""
+    path = Path(checkpoint) / SCHEDULER_STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 class _Clock:
-    """Splits wall time since the previous step into generate / train / sync (weight update) / idle.
+    """Splits wall time since the previous step into generate / train / sync / the named parts / idle.
 
-    Generate time is the engine's own `busy_seconds`; an engine without it leaves generation inside idle.
+    Generate time is the engine's own `busy_seconds` and score time the source's `score_seconds` (wall time with
+    a reward being computed, which overlaps generation in a real run, so it is not taken out of idle); a part
+    missing on either side reads 0. The named parts (`add`) are exclusive wall time on the step's path:
+    build_samples, checkpoint and record (storing the previous step's report, which runs after its split).
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.last = time.perf_counter()
-        self.last_busy = self._engine_busy()
+    PARTS = ("build_samples", "checkpoint", "record")
 
-    def _engine_busy(self) -> float:
-        return float(getattr(self.engine, "busy_seconds", 0.0))
+    def __init__(self, engine: Engine, source: RolloutSource | None = None):
+        self.engine, self.source = engine, source
+        self.last = time.perf_counter()
+        self.last_busy, self.last_score = self._counter(engine, "busy_seconds"), self._counter(source, "score_seconds")
+        self.parts = dict.fromkeys(self.PARTS, 0.0)
+
+    @staticmethod
+    def _counter(owner: object, name: str) -> float:
+        return float(getattr(owner, name, 0.0) or 0.0)
+
+    def add(self, part: str, seconds: float) -> None:
+        """Count `seconds` of exclusive wall time as `part` of the step now running."""
+        self.parts[part] += seconds
 
     def split(self, train: float, sync: float) -> dict[str, float]:
-        now, busy = time.perf_counter(), self._engine_busy()
+        now = time.perf_counter()
+        busy, score = self._counter(self.engine, "busy_seconds"), self._counter(self.source, "score_seconds")
         wall, generate = now - self.last, busy - self.last_busy
-        self.last, self.last_busy = now, busy
-        idle = max(0.0, wall - generate - train - sync)
-        return {"time/step": wall, "time/generate": generate, "time/train": train, "time/sync": sync,
-                "time/idle": idle, "time/busy_frac": 1 - idle / wall if wall > 0 else 0.0}
+        metrics = {"time/step": wall, "time/generate": generate, "time/train": train, "time/sync": sync,
+                   "time/score": score - self.last_score}
+        metrics.update({f"time/{part}": seconds for part, seconds in self.parts.items()})
+        idle = max(0.0, wall - generate - train - sync - sum(self.parts.values()))
+        metrics.update({"time/idle": idle, "time/busy_frac": 1 - idle / wall if wall > 0 else 0.0})
+        self.last, self.last_busy, self.last_score = now, busy, score
+        self.parts = dict.fromkeys(self.PARTS, 0.0)
+        return metrics
 
 
 def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample],

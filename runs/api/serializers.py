@@ -205,7 +205,8 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
-                  "checkpoint_path", "celery_task_id", "created_at", "started_at", "finished_at"]
+                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "created_at", "started_at",
+                  "finished_at"]
         read_only_fields = fields
 
 
@@ -227,10 +228,39 @@ class RunCloneSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
 
 
+class RunContinueSerializer(serializers.Serializer):
+    steps = serializers.IntegerField(min_value=1, max_value=100_000, help_text="Training steps to add")
+
+
 class MetricSerializer(serializers.ModelSerializer):
     class Meta:
         model = Metric
         fields = ["step", "name", "value", "created_at"]
+
+
+class ValidationCellSerializer(serializers.Serializer):
+    attempts = serializers.IntegerField(help_text="Sampled attempts that count (finished, not infrastructure failures)")
+    passed = serializers.IntegerField()
+    pass_fraction = serializers.FloatField(allow_null=True)
+    greedy = serializers.BooleanField(allow_null=True, help_text="Whether the greedy attempt passed; null without one")
+    infra_failures = serializers.IntegerField()
+    unscored = serializers.IntegerField(help_text="Attempts pending, running, cancelled or lost")
+
+
+class ValidationRowSerializer(serializers.Serializer):
+    task = serializers.IntegerField()
+    external_id = serializers.CharField()
+    index = serializers.IntegerField()
+    cells = serializers.ListField(child=ValidationCellSerializer(allow_null=True),
+                                  help_text="One per entry of `steps`; null where the task was not evaluated")
+
+
+class ValidationGridSerializer(serializers.Serializer):
+    """Output only: what selectors.validation_grid returns (for the schema)."""
+
+    pass_threshold = serializers.FloatField()
+    steps = serializers.ListField(child=serializers.IntegerField())
+    tasks = ValidationRowSerializer(many=True)
 
 
 class RunEventSerializer(serializers.ModelSerializer):
@@ -259,9 +289,9 @@ class RolloutSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Rollout
-        fields = ["id", "run", "task", "task_external_id", "split", "step", "group", "attempt", "policy_version",
-                  "status", "failure_kind", "reward", "reward_detail", "exit_code", "error", "call_count",
-                  "created_at", "started_at", "finished_at"]
+        fields = ["id", "run", "task", "task_external_id", "split", "step", "group", "attempt", "greedy",
+                  "policy_version", "status", "failure_kind", "reward", "reward_detail", "exit_code", "error",
+                  "call_count", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
 

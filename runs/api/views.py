@@ -117,6 +117,22 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         run = services.cancel_run(self.get_object(), request.user)
         return Response(s.RunSerializer(run).data)
 
+    @extend_schema(request=None, responses=s.RunSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Put a failed or cancelled run back in the queue; it goes on from its last checkpoint."""
+        run = services.resume_run(self.get_object(), request.user)
+        return Response(s.RunSerializer(run).data)
+
+    @extend_schema(request=s.RunContinueSerializer, responses=s.RunSerializer)
+    @action(detail=True, methods=["post"], url_path="continue", url_name="continue")
+    def continue_run(self, request, pk=None):
+        """Train a succeeded run `steps` more steps from its final checkpoint (its config's steps grow by that)."""
+        body = s.RunContinueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = services.continue_run(self.get_object(), request.user, body.validated_data["steps"])
+        return Response(s.RunSerializer(run).data)
+
     @extend_schema(request=s.RunCloneSerializer, responses={201: s.RunSerializer})
     @action(detail=True, methods=["post"])
     def clone(self, request, pk=None):
@@ -145,6 +161,13 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         rows = run.events.filter(seq__gt=_int_param(request, "after") or 0).order_by("seq")
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(s.RunEventSerializer(page, many=True).data)
+
+    @extend_schema(responses=s.ValidationGridSerializer)
+    @action(detail=True, methods=["get"])
+    def validation(self, request, pk=None):
+        """The validation grid: per val task and evaluated step, the sampled attempts' pass fraction and the greedy
+        attempt's pass."""
+        return Response(selectors.validation_grid(self.get_object()))
 
     @extend_schema(responses=s.RolloutSerializer(many=True))
     @action(detail=True, methods=["get"])
@@ -176,7 +199,7 @@ class ModelRegistryViewSet(viewsets.ViewSet):
 class RolloutFilter(django_filters.FilterSet):
     class Meta:
         model = Rollout
-        fields = ["run", "status", "split", "step"]
+        fields = ["run", "status", "split", "step", "greedy"]
 
 
 class RolloutViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):

@@ -2,7 +2,6 @@
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,14 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.procs import free_port, pids_matching, signal_group
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -103,11 +98,10 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
             assert [e["payload"]["status"] for e in events] == ["queued", "starting", "failed"]
             assert "external engine: it cannot be trained" in events[-1]["payload"]["error"]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        signal_group(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
-    leftover = subprocess.run(["pgrep", "-f", f"-p {port} lightning_web.asgi"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == ""
+    assert pids_matching(f"-p {port}", "lightning_web.asgi") == []
 
 
 def test_up_again_keeps_the_first_user_and_secret(fresh_env, tmp_path):

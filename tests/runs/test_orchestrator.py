@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from common import procs
 from runs import services
 from runs.models import ModelCall, Rollout, Run, Sample
 from runs.tasks import execute_run
@@ -59,7 +60,8 @@ def run_of(alice, tmp_path, tiny_model, settings):
         return services.create_run(alice, name="cpu-run", model=str(tiny_model), harness=harness, dataset=dataset,
                                    reward_script=reward, config={"steps": 2, "tasks_per_step": 2, "group_size": 2,
                                                                  "max_model_len": 512, "kv_cache_gb": 0.5,
-                                                                 "eval_tasks": 2, "learning_rate": 1e-4, **config})
+                                                                 "eval_tasks": 2, "eval_samples": 2,
+                                                                 "learning_rate": 1e-4, **config})
 
     return make
 
@@ -73,7 +75,13 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
     train = Rollout.objects.filter(run=run, split="train")
     assert train.count() == 8 and set(train.values_list("status", flat=True)) == {"succeeded"}
     assert set(train.values_list("reward", flat=True)) <= {0.0, 1.0}
-    assert Rollout.objects.filter(run=run, split="val").count() == 4  # 2 val tasks before and after training
+    val = Rollout.objects.filter(run=run, split="val")  # 2 val tasks x (2 samples + 1 greedy), before and after
+    assert val.count() == 12 and val.filter(greedy=True).count() == 4
+    assert sorted(set(val.values_list("step", "attempt", "greedy"))) == [(s, a, a == 2) for s in (0, 2)
+                                                                          for a in range(3)]
+    greedy_calls = ModelCall.objects.filter(rollout__run=run, rollout__greedy=True)  # vLLM at temperature 0
+    assert greedy_calls.count() == 8 and set(greedy_calls.values_list("status_code", flat=True)) == {200}
+    assert all(len(c.logprobs) == len(c.completion_ids) > 0 for c in greedy_calls)
     calls = ModelCall.objects.filter(rollout__run=run, rollout__split="train")
     assert calls.count() == 16 and set(calls.values_list("status_code", flat=True)) == {200}
     for call in calls:
@@ -89,10 +97,15 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
         assert sum(sample.loss_mask) == weighted  # loss weight on exactly the sampled tokens
     names = set(run.metrics.values_list("name", flat=True))
     assert {"reward/mean", "loss/policy", "eval/pass@1", "time/train"} <= names
-    assert list(run.metrics.filter(name="eval/pass@1").values_list("step", flat=True)) == [0, 2]
+    for name in ("eval/pass@1", "eval/pass@k", "eval/pass@1_greedy"):
+        assert list(run.metrics.filter(name=name).values_list("step", flat=True)) == [0, 2]
     assert list(run.metrics.filter(name="reward/mean").values_list("step", flat=True)) == [1, 2]
     statuses = [e.payload["status"] for e in run.events.filter(kind="run.status")]
     assert statuses == ["queued", "starting", "running", "succeeded"]
+    engine_start = [e.payload for e in run.events.filter(kind="run.phase").order_by("seq")
+                    if e.payload["phase"].startswith("starting the engine: ")]  # live progress, from vLLM's log
+    assert engine_start[-1] == {"phase": "starting the engine: ready", "progress": 1.0}
+    assert [p["progress"] for p in engine_start] == sorted(p["progress"] for p in engine_start)
     assert ModelCall.objects.filter(rollout__run=run, policy_version=1).exists()  # served after the first sync
     for call in calls:  # sync mode: a group admitted at version v is served by v alone
         assert call.policy_version == call.rollout.step
@@ -128,18 +141,7 @@ SLEEPER = "import sys, time\ntime.sleep(600)\n"
 
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live (non-zombie) processes that mention `text`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            found.append(cmdline)
-    return found
+    return [procs.cmdline(pid) for pid in procs.pids_matching(text)]
 
 
 def cancel_when(run, alice, ready, timeout=300):
@@ -161,20 +163,29 @@ def cancel_when(run, alice, ready, timeout=300):
     return landed
 
 
-def test_a_cancel_during_engine_start_lands_within_10_s_and_stops_the_engine(run_of, alice, tmp_path):
+def engine_processes(model: Path) -> list[str]:
+    """Command lines of the live vLLM servers of `model` (they serve its shared folder in the engine cache)."""
+    from django.conf import settings
+
+    from trainer.engine.folders import served_folder
+
+    served = served_folder(model, settings.LIGHTNING_ENGINE_CACHE_DIR / "models")
+    return [c for c in processes_mentioning(str(served)) if "vllm.entrypoints" in c]
+
+
+def test_a_cancel_during_engine_start_lands_within_10_s_and_stops_the_engine(run_of, alice, tmp_path, tiny_model):
     run = run_of({})
     run_dir = str(tmp_path / "runs" / f"run-{run.pk}")
 
     def engine_starting():
-        return any("vllm.entrypoints" in c for c in processes_mentioning(run_dir)) and \
-            Run.objects.get(pk=run.pk).status == "starting"
+        return bool(engine_processes(tiny_model)) and Run.objects.get(pk=run.pk).status == "starting"
 
     landed = cancel_when(run, alice, engine_starting)
     print(f"\nCANCEL during engine start landed in {landed:.1f} s")
     assert landed < 10
     run.refresh_from_db()
     assert run.status == "cancelled" and run.error == "cancelled by its owner"
-    assert processes_mentioning(run_dir) == []
+    assert processes_mentioning(run_dir) == [] and engine_processes(tiny_model) == []
     assert not Rollout.objects.filter(run=run).exists()
 
 
@@ -183,7 +194,7 @@ def test_a_cancel_during_the_step_0_evaluation_lands_within_10_s_and_kills_the_h
     (tmp_path / "harness.py").write_text(SLEEPER)  # every attempt hangs: the step-0 evaluation never ends
 
     def evaluating():
-        return Rollout.objects.filter(run=run, split="val", status="running").count() == 2
+        return Rollout.objects.filter(run=run, split="val", status="running").count() == 6  # 2 tasks x (2 + greedy)
 
     landed = cancel_when(run, alice, evaluating)
     print(f"\nCANCEL during the step-0 evaluation landed in {landed:.1f} s")

@@ -1,10 +1,11 @@
 """Scheduler: sync steps, async admission and the staleness bound, failed rollouts, metrics, checkpoints."""
 import asyncio
+import threading
 
 import pytest
 
+from tests.trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.policy import Policy, pack
 from trainer.samples import CallRecord, build_samples
 from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
@@ -14,10 +15,11 @@ class SpyEngine:
     """Engine protocol double: records the order of control calls and the versions it was given."""
 
     def __init__(self):
-        self.version, self.events = 0, []
+        self.version, self.events, self.paused = 0, [], False
 
     async def pause(self):
         self.events.append("pause")
+        self.paused = True
 
     async def update_weights(self, model, version):
         self.events.append(f"update:{version}")
@@ -25,12 +27,15 @@ class SpyEngine:
 
     async def resume(self):
         self.events.append("resume")
+        self.paused = False
 
 
 class TickSource:
     """RolloutSource double on a logical clock: a rollout of group g finishes `durations(g)` ticks after launch.
 
-    Each call to next_finished advances the clock to the earliest pending finish, so the order is exact.
+    Each call to next_finished advances the clock to the earliest pending finish, so the order is exact. A rollout's
+    calls go out at launch and carry the version served then; launched while the engine is paused, they wait for
+    the resume and carry the version served after it (as the proxy's gate does).
     """
 
     def __init__(self, engine, durations=lambda g: 1, rewards=lambda g, a: float(a % 2), failed=lambda g, a: "",
@@ -42,22 +47,22 @@ class TickSource:
 
     async def launch(self, group: GroupRequest):
         self.launched.append(group)
+        version = None if getattr(self.engine, "paused", False) else self.engine.version
         for a in range(group.size):
-            result = RolloutResult(group.group_id, f"{group.group_id}/{a}",
-                                   self.calls(group.group_id, a, self.engine.version),
-                                   self.rewards(group.group_id, a), self.failed(group.group_id, a))
-            self.pending.append((self.now + self.durations(group.group_id), len(self.launched), a, result))
-        self.in_flight_max = max(self.in_flight_max, len({p[3].group_id for p in self.pending}))
+            finish = self.now + self.durations(group.group_id)
+            self.pending.append((finish, len(self.launched), a, group.group_id, version))
+        self.in_flight_max = max(self.in_flight_max, len({p[3] for p in self.pending}))
 
     async def next_finished(self):
         self.pending.sort(key=lambda p: p[:3])
-        finish, *_, result = self.pending.pop(0)
+        finish, _, a, g, version = self.pending.pop(0)
         self.now = max(self.now, finish)
-        return result
+        version = self.engine.version if version is None else version
+        return RolloutResult(g, f"{g}/{a}", self.calls(g, a, version), self.rewards(g, a), self.failed(g, a))
 
     async def cancel(self, group_id):
         self.cancelled.append(group_id)
-        self.pending = [p for p in self.pending if p[3].group_id != group_id]
+        self.pending = [p for p in self.pending if p[3] != group_id]
 
 
 def policy(**overrides):
@@ -117,7 +122,8 @@ async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
 
     with pytest.raises(RuntimeError, match="cancelled by the user"):
         await run(policy(mode="async", tasks_per_step=1, steps=5, max_staleness=2), engine, source, on_step=stop)
-    assert source.cancelled == [1, 2]  # group 0 was trained; 1 and 2 were still running
+    # Group 0 was trained; 1 and 2 were still running and 3 was launched during step 1's weight swap.
+    assert source.cancelled == [1, 2, 3]
 
 
 async def test_infrastructure_failures_leave_both_the_loss_and_the_baseline():
@@ -166,9 +172,52 @@ async def test_it_measures_drift_lengths_and_the_time_split():
     assert m["length/sample_tokens_mean"] == (6 + 2) / 2
     assert m["rollout/calls_mean"] == 3
     assert m["train/samples"] == 8
-    split = m["time/generate"] + m["time/train"] + m["time/sync"] + m["time/idle"]
+    parts = ("generate", "train", "sync", "build_samples", "checkpoint", "record", "idle")
+    split = sum(m[f"time/{part}"] for part in parts)
     assert split == pytest.approx(m["time/step"], rel=1e-6) or split >= m["time/step"]
+    assert m["time/build_samples"] > 0 and m["time/score"] == 0.0  # TickSource has no score_seconds
     assert 0 <= m["time/busy_frac"] <= 1
+
+
+async def test_it_builds_samples_and_checkpoints_on_the_trainer_thread_not_the_loop(tmp_path, monkeypatch):
+    threads = {}
+    build, save = Scheduler._samples, Policy.save_checkpoint
+
+    def spy_build(self, batch):
+        threads.setdefault("build", set()).add(threading.current_thread().name)
+        return build(self, batch)
+
+    def spy_save(self, path):
+        threads.setdefault("save", set()).add(threading.current_thread().name)
+        return save(self, path)
+
+    monkeypatch.setattr(Scheduler, "_samples", spy_build)
+    monkeypatch.setattr(Policy, "save_checkpoint", spy_save)
+    engine = SpyEngine()
+    await Scheduler(policy(steps=2, checkpoint_every=1), engine, TickSource(engine), checkpoint_dir=tmp_path).run()
+    loop_thread = threading.current_thread().name
+    assert {name.split("_")[0] for name in threads["build"] | threads["save"]} == {"trainer"}
+    assert loop_thread not in threads["build"] | threads["save"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001", "step-000002"]
+
+
+async def test_it_counts_recording_in_the_next_step_and_reads_the_sources_score_time():
+    class ScoringSource(TickSource):
+        score_seconds = 0.0
+
+        async def next_finished(self):
+            self.score_seconds += 0.25  # each rollout's reward took 0.25 s
+            return await super().next_finished()
+
+    async def record(report):
+        await asyncio.sleep(0.05)
+
+    engine = SpyEngine()
+    reports = await run(policy(steps=2), engine, ScoringSource(engine), on_step=record)
+    first, second = reports[0].metrics, reports[1].metrics
+    assert first["time/record"] == 0.0 and second["time/record"] >= 0.05  # step 1's report is stored in step 2
+    assert first["time/score"] == pytest.approx(4 * 0.25) and second["time/score"] == pytest.approx(4 * 0.25)
+    assert second["time/idle"] <= second["time/step"] - second["time/record"] + 1e-9
 
 
 async def test_it_checkpoints_and_resumes_at_the_saved_step(tmp_path):
@@ -241,3 +290,17 @@ async def test_torch_engine_lets_a_late_call_join_a_running_batch():
     logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
     assert logp.tolist() == pytest.approx(list(first.logprobs) + list(late.logprobs), abs=1e-5)
     assert engine._batch.rows == [] and engine.busy_seconds > 0
+
+
+async def test_it_launches_the_next_groups_while_the_engine_is_paused_at_the_version_it_will_serve():
+    engine = SpyEngine()
+
+    class LoggingSource(TickSource):
+        async def launch(self, group):
+            engine.events.append(f"launch:{group.group_id}@{group.policy_version}")
+            await super().launch(group)
+
+    await run(policy(steps=2), engine, LoggingSource(engine))
+    # Step 2's harnesses start up during step 1's weight swap; their calls wait for the resume.
+    assert engine.events == ["launch:0@0", "launch:1@0", "pause", "launch:2@1", "launch:3@1", "update:1", "resume",
+                             "pause", "update:2", "resume"]

@@ -1,10 +1,9 @@
-"""`manage.py up`: migrate, make sure a first user exists, then supervise web + worker until stopped."""
+"""`manage.py up`: migrate, make sure a first user exists, then supervise web + workers until stopped."""
 from __future__ import annotations
 
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -15,16 +14,18 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
+from lightning_web.supervisor import Supervisor
 from runs.management.commands.models import ensure_smollm2
 
 
 class Command(BaseCommand):
-    help = "Set up the database and first user, then run the web server and a Celery worker."
+    help = ("Set up the database and first user, then run the web server and the Celery workers (runs, and the "
+            "control worker with beat that reclaims runs of lost workers); a child that dies is restarted.")
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1", help="address the web server binds (0.0.0.0 for all)")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--no-worker", action="store_true", help="do not start a Celery worker")
+        parser.add_argument("--no-worker", action="store_true", help="do not start the Celery workers")
         parser.add_argument("--no-demo", action="store_true", help="do not load the demo harness, dataset and reward")
         parser.add_argument("--exit-when-ready", action="store_true",
                             help="stop everything once the login page answers (a smoke check)")
@@ -48,7 +49,7 @@ class Command(BaseCommand):
             self.stdout.write("Press Ctrl-C to stop.")
             self._supervise(children)
         finally:
-            self._stop(children)
+            children.stop()
 
     def _first_user(self):
         User = get_user_model()
@@ -65,16 +66,20 @@ class Command(BaseCommand):
         self.stdout.write(f"API token of {user.username}: {token.key}")
         return user
 
-    def _start(self, options) -> dict[str, subprocess.Popen]:
+    def _start(self, options) -> Supervisor:
         python = sys.executable
         env = dict(os.environ, REDIS_URL=settings.REDIS_URL, LIGHTNING_DATA_DIR=str(settings.DATA_DIR))
-        web = [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
-               "lightning_web.asgi:application"]
-        children = {"web": subprocess.Popen(web, env=env, start_new_session=True)}
+        celery = [python, "-m", "celery", "-A", "lightning_web", "worker", "--pool", "solo", "--loglevel", "INFO"]
+        argvs = {"web": [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
+                         "lightning_web.asgi:application"]}
         if not options["no_worker"]:
-            worker = [python, "-m", "celery", "-A", "lightning_web", "worker", "-Q", "runs,default",
-                      "--pool", "solo", "--loglevel", "INFO", "-n", f"runs@{os.uname().nodename}"]
-            children["worker"] = subprocess.Popen(worker, env=env, start_new_session=True)
+            # Runs take a worker for hours: the sweep of lost runs (beat, every LIGHTNING_SWEEP_EVERY_S) gets a
+            # worker of its own on the default queue, so it is never stuck behind a run.
+            argvs["worker"] = celery + ["-Q", "runs", "-n", f"runs@{os.uname().nodename}"]
+            argvs["control"] = celery + ["-Q", "default", "--beat", "-n", f"control@{os.uname().nodename}"]
+        children = Supervisor(argvs, env=env, say=self.stdout.write)
+        children.start()
+        self.stdout.write("started " + ", ".join(f"{name} (pid {children.pid(name)})" for name in argvs))
         return children
 
     def _wait_ready(self, url: str, children, timeout_s: float = 60.0) -> None:
@@ -89,31 +94,19 @@ class Command(BaseCommand):
                 time.sleep(0.3)
         raise CommandError(f"the web server did not answer at {url} within {timeout_s:.0f} s")
 
-    def _supervise(self, children) -> None:
+    def _supervise(self, children: Supervisor) -> None:
+        """Until SIGTERM or Ctrl-C: a child that dies is restarted with backoff; the others keep running."""
         stop = {"now": False}
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
         try:
-            while not stop["now"]:
-                self._check_alive(children)
-                time.sleep(1)
+            children.run(lambda: stop["now"])
         except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
 
-    def _check_alive(self, children) -> None:
-        for name, proc in children.items():
-            if proc.poll() is not None:
-                raise CommandError(f"the {name} process exited with code {proc.returncode}; see its output above")
-
-    def _stop(self, children) -> None:
-        for proc in children.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in children.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    def _check_alive(self, children: Supervisor) -> None:
+        """While starting up, a child that dies is a setup error: stop and say so."""
+        for child in children.dead():
+            raise CommandError(f"the {child.name} process exited with code {child.proc.returncode} while starting; "
+                               "see its output above")

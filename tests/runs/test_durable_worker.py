@@ -1,0 +1,233 @@
+"""Real Celery workers die by SIGKILL: the sweep reclaims their runs and a second worker resumes or ends them.
+
+vLLM serves a tiny model; the harness talks to it through the proxy. Run under the heavy lock on a shared machine.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+
+from lightning_web.celery import app as celery_app
+from runs import services
+from runs.models import Metric, ModelCall, Rollout, Run, Sample
+from common.procs import kill_groups, pids_matching
+from trainer.engine import default_engine_venv
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
+    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
+                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
+]
+
+# Two calls per attempt with a pause between them: a kill after the first call lands mid-rollout.
+HARNESS = '''
+import json, os, sys, time, urllib.request
+task = json.load(open(sys.argv[1]))
+
+def chat(messages):
+    body = {"model": "policy", "messages": messages, "max_tokens": 8}
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                              "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())["choices"][0]["message"]["content"]
+
+messages = [{"role": "user", "content": task["question"]}]
+first = chat(messages)
+time.sleep(float(os.environ.get("PAUSE_S", "0")))
+messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "go on"}]
+json.dump({"reply": chat(messages)}, open(sys.argv[2], "w"))
+'''
+CONFIG_TEMPERATURE = 0.7  # TrainerConfig's default, the proxy's for every call
+REWARD = "def reward(task, outcome):\n    return float(len(outcome['reply']) % 2 == 0)\n"
+CONFIG = {"steps": 3, "tasks_per_step": 2, "group_size": 2, "checkpoint_every": 1, "max_model_len": 512,
+          "kv_cache_gb": 0.5, "eval_tasks": 2, "eval_samples": 1, "eval_greedy": False, "learning_rate": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from trainer.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("durable-models") / "tiny-real", seed=0)
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}:{s['PASSWORD'] or ''}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class Workers:
+    """Celery worker subprocesses on the tests' database and broker, as `manage.py up` starts them."""
+
+    def __init__(self, tmp_path: Path):
+        self.logs, self.procs = tmp_path / "logs", []
+        self.logs.mkdir()
+        self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        self.env.update(DATABASE_URL=database_url(), REDIS_URL=celery_app.conf.broker_url,
+                        LIGHTNING_DATA_DIR=str(tmp_path / "data"), CHANNELS_PREFIX="lightning-test",
+                        LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
+                        LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")
+        self.data_dir = tmp_path / "data"
+        self.runs_dir = self.data_dir / "runs"
+
+    def engines(self) -> list[str]:
+        """vLLM processes serving from this test's data dir (the run's folder or the engine cache in it)."""
+        return pids_matching(str(self.data_dir), "vllm.entrypoints")
+
+    def start(self, name: str, queues: str, beat: bool = False) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "celery", "-A", "lightning_web", "worker", "--pool", "solo", "-Q", queues,
+                "-n", f"{name}@test", "--loglevel", "INFO"] + (["--beat"] if beat else [])
+        log = open(self.logs / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL the worker process alone, as the kernel's OOM killer does."""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logs.iterdir())
+
+    def stop(self) -> None:
+        kill_groups([proc.pid for proc in self.procs], grace_s=60)
+        for proc in self.procs:
+            proc.wait()
+
+
+@pytest.fixture
+def workers(tmp_path, test_redis, settings):
+    pool = Workers(tmp_path)
+    settings.LIGHTNING_RUNS_DIR = pool.runs_dir
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture
+def make_run(alice, tmp_path, tiny_model):
+    (tmp_path / "harness.py").write_text(HARNESS)
+
+    def make(config=None):
+        harness = services.create_harness(alice, name="pausing", timeout_s=120, command=[
+            "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"], env={"PAUSE_S": "4"})
+        tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "{"val" if i < 2 else "train"}"}}'
+                          for i in range(8))
+        dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+        reward = services.create_reward_script(alice, name="even", source=REWARD)
+        return services.create_run(alice, name="durable", model=str(tiny_model), harness=harness, dataset=dataset,
+                                   reward_script=reward, config={**CONFIG, **(config or {})})
+
+    return make
+
+
+def wait_for(condition, what: str, workers: Workers, timeout: float = 300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{workers.tails()}")
+
+
+def engine_gap(model_dir: Path, calls: list[ModelCall]) -> float:
+    """Mean |engine - model| logprob of the calls' sampled tokens, at the run's temperature (processed logprobs)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gaps = []
+    for call in calls:
+        ids = torch.tensor([call.prompt_ids + call.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(call.prompt_ids) - 1:-1] / CONFIG_TEMPERATURE  # (C, V)
+        logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(call.completion_ids)[:, None])[:, 0]
+        gaps.append((logprobs - torch.tensor(call.logprobs)).abs().mean().item())
+    return sum(gaps) / len(gaps)
+
+
+def test_a_run_whose_worker_is_killed_mid_step_resumes_on_a_second_worker_and_trains_every_step_once(
+        workers, make_run, tiny_model):
+    run = make_run()
+    first = workers.start("first", "runs")
+
+    def mid_step_2():  # checkpoint 1 is recorded and step 2's attempts are between their two calls
+        current = Run.objects.get(pk=run.pk)
+        return current.checkpoint_path.endswith("step-000001") and ModelCall.objects.filter(
+            rollout__run=run, rollout__split="train", rollout__step=1, rollout__status="running").count() >= 2
+
+    wait_for(mid_step_2, "step 2 mid-rollout", workers)
+    workers.kill(first)
+    killed_at = Run.objects.get(pk=run.pk)
+    assert killed_at.status == "running" and killed_at.step == 1
+    workers.start("second", "runs")
+    workers.start("control", "default", beat=True)  # beat's sweep re-queues the run for the second worker
+    wait_for(lambda: Run.objects.get(pk=run.pk).status in ("succeeded", "failed"), "the end of the run", workers,
+             timeout=600)
+
+    run.refresh_from_db()
+    assert (run.status, run.step, run.policy_version, run.error) == ("succeeded", 3, 3, ""), workers.tails()
+    assert run.worker_starts == 2 and run.checkpoint_path.endswith("step-000003")
+    statuses = list(run.events.filter(kind="run.status").values_list("payload__status", flat=True))
+    assert statuses == ["queued", "starting", "running", "queued", "starting", "running", "succeeded"]
+    resumed = run.events.get(kind="run.resumed").payload
+    assert resumed == {"step": 1, "lost_rollouts": 4, "dropped_steps": []}  # step 2's attempts, never recorded
+
+    # No metric step is written twice; every step and both evaluations are there once.
+    assert not Metric.objects.filter(run=run).values("step", "name").annotate(n=Count("id")).filter(n__gt=1)
+    assert list(run.metrics.filter(name="reward/mean").values_list("step", flat=True)) == [1, 2, 3]
+    assert list(run.metrics.filter(name="eval/pass@1").values_list("step", flat=True)) == [0, 3]
+
+    # Every recorded call belongs to a rollout whose status says what happened to it.
+    lost = Rollout.objects.filter(run=run, status="lost")
+    assert sorted(lost.values_list("split", "step", "group")) == [("train", 1, 2)] * 2 + [("train", 1, 3)] * 2
+    assert not Sample.objects.filter(rollout__in=lost).exists()  # never trained
+    assert ModelCall.objects.filter(rollout__in=lost).values("rollout").distinct().count() >= 2  # their calls kept
+    with_calls = Rollout.objects.filter(run=run, calls__isnull=False).distinct()
+    assert set(with_calls.values_list("status", flat=True)) <= {"succeeded", "failed", "lost"}
+    trained = Rollout.objects.filter(run=run, split="train").exclude(status="lost")
+    assert sorted(trained.values_list("step", "group")) == [(s, g) for s, g in [(0, 0), (0, 1), (1, 2), (1, 3),
+                                                                               (2, 4), (2, 5)] for _ in range(2)]
+    assert all(r.samples.exists() for r in trained.filter(status="succeeded"))
+
+    # The resumed engine serves the checkpoint's weights as version 1: calls are stamped with it, and the logprobs
+    # it reported are those of the checkpoint's weights, not of the model it started from.
+    resumed_calls = list(ModelCall.objects.filter(rollout__in=trained.filter(step=1)))
+    assert {c.policy_version for c in resumed_calls} == {1}
+    checkpoint = workers.runs_dir / f"run-{run.pk}" / "checkpoints" / "step-000001"
+    to_checkpoint, to_base = engine_gap(checkpoint, resumed_calls), engine_gap(tiny_model, resumed_calls)
+    print(f"\nresumed calls: |engine - trainer| logprob {to_checkpoint:.4f} with the checkpoint's weights, "
+          f"{to_base:.4f} with the base model's")
+    first_calls = list(ModelCall.objects.filter(rollout__in=trained.filter(step=0)))
+    print(f"DIAG step-0 calls vs base {engine_gap(tiny_model, first_calls):.4f}")
+    assert to_checkpoint < 0.05 and to_base > 10 * to_checkpoint
+    assert workers.engines() == [] and pids_matching(str(workers.runs_dir)) == []
+
+
+def test_a_run_left_cancelling_by_a_dead_worker_becomes_cancelled(workers, make_run, alice_api):
+    run = make_run()
+    first = workers.start("first", "runs")
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "starting" and workers.engines(), "the engine start",
+             workers)
+    workers.kill(first)
+    response = alice_api.post(f"/api/v1/runs/{run.pk}/cancel/")
+    assert response.status_code == 200 and response.json()["status"] == "cancelling"
+    workers.start("control", "default", beat=True)
+    wait_for(lambda: Run.objects.get(pk=run.pk).status != "cancelling", "the sweep", workers, timeout=120)
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.finished_at is not None
+    assert run.error.startswith("cancelled by its owner; worker lost: no heartbeat for ")
+    statuses = list(run.events.filter(kind="run.status").values_list("payload__status", flat=True))
+    assert statuses == ["queued", "starting", "cancelling", "cancelled"]
+    assert not Rollout.objects.filter(run=run).exclude(status="lost").exists()
+    wait_for(lambda: workers.engines() == [], "the engine to go with its worker", workers, timeout=60)
