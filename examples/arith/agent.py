@@ -10,6 +10,7 @@ import json
 import os
 import re
 import urllib.request
+import warnings
 
 SYSTEM = "You solve word problems. Use a calculator by writing CALC: <expression>. Finish with ANSWER: <number>."
 DEMOS = [
@@ -41,7 +42,9 @@ def safe_eval(expr):
     if not re.fullmatch(r"[-+*/() 0-9.]+", expr) or "**" in expr:
         return "error"
     try:
-        value = eval(expr, {"__builtins__": {}}, {})  # digits and operators only, checked above
+        with warnings.catch_warnings():  # "23 (14)" warns that an int is not callable, then fails: an error
+            warnings.simplefilter("ignore")
+            value = eval(expr, {"__builtins__": {}}, {})  # digits and operators only, checked above
     except Exception:
         return "error"
     return str(int(value)) if float(value).is_integer() else f"{value:.4g}"

@@ -1,7 +1,6 @@
 """A real daphne process over the test database, and Debian's Chromium driven by Playwright."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.db import connection
+
+from common.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -29,9 +30,7 @@ def _database_url() -> str:
 @pytest.fixture
 def live_url(transactional_db, models_dir, tmp_path):
     """The app served by daphne in its own process, reading and writing the test database."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
                CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
                LIGHTNING_DATA_DIR=str(settings.DATA_DIR), LIGHTNING_MODELS_DIR=str(models_dir))

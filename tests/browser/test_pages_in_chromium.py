@@ -44,3 +44,25 @@ def test_a_run_page_shows_events_live(page, live_url, alice):
     assert page.locator("#run-error").inner_text() == "engine exited with code 1"
     assert page.locator("#events li").count() == 3
     assert page.outside == []
+
+
+def test_a_run_page_shows_the_phase_and_its_progress_live(page, live_url, alice):
+    harness = services.create_harness(alice, name="h", command=["python", "a.py"])
+    dataset = services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
+    reward = services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
+    run = services.create_run(alice, name="phases", model="tiny", config={}, harness=harness, dataset=dataset,
+                              reward_script=reward)
+    login(page, live_url)
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_selector("#events li")
+    services.set_run_phase(run.pk, "starting the engine: <b>loading weights</b>", 0.25)
+    page.wait_for_function("document.getElementById('run-phase').textContent.endsWith('(25%)')", timeout=15000)
+    assert page.locator("#run-phase").inner_text() == "starting the engine: <b>loading weights</b> (25%)"  # text
+    assert page.locator("#run-phase-progress").is_visible()
+    assert page.locator("#run-phase-progress").evaluate("bar => bar.value") == 0.25
+    services.set_run_phase(run.pk, "evaluating step 0: 3/8")  # no fraction: no bar
+    page.wait_for_function("document.getElementById('run-phase').textContent === 'evaluating step 0: 3/8'",
+                           timeout=15000)
+    assert not page.locator("#run-phase-progress").is_visible()
+    assert page.locator("#events li").count() == 1  # phases are shown in place, not listed with the events
+    assert page.outside == []

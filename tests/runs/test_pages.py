@@ -40,3 +40,12 @@ def test_another_users_run_page_is_not_found(client, alice, bob, make_run):
     run = make_run(bob)
     client.force_login(alice)
     assert client.get(f"/runs/{run.pk}/").status_code == 404
+
+
+def test_a_run_page_shows_what_the_run_is_doing(client, alice, make_run):
+    run = make_run(alice)
+    services.set_run_phase(run.pk, "starting the engine: loading weights <now>", 0.25)
+    client.force_login(alice)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert '<span id="run-phase">starting the engine: loading weights &lt;now&gt;</span>' in page
+    assert '<progress id="run-phase-progress" max="1" hidden></progress>' in page  # filled in by the live events
