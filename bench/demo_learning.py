@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -143,12 +142,9 @@ class App:
             # SIGTERM: up stops web and workers, a worker its engine; SIGKILL only after a minute.
             procs.kill_group(self.proc.pid, grace_s=60)
             self.proc.wait()
-        pid_file = self.data_dir / "redis" / "redis.pid"  # the embedded Redis this data dir started
-        if pid_file.exists():
-            try:
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-            except (ValueError, ProcessLookupError):
-                pass
+        from lightning_web import embedded_redis
+
+        embedded_redis.stop(self.data_dir)  # the embedded Redis this data dir started
 
 
 def _answers(url: str) -> bool:

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -196,12 +195,9 @@ class Product:
 
             kill_group(self.worker.pid, grace_s=30)
             self.worker.wait()
-        pid_file = self.data_dir / "redis" / "redis.pid"  # the embedded Redis this data dir started
-        if pid_file.exists():
-            try:
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-            except (ValueError, ProcessLookupError):
-                pass
+        from lightning_web import embedded_redis
+
+        embedded_redis.stop(self.data_dir)  # the embedded Redis this data dir started
 
 
 # ---- the bare loop ----------------------------------------------------------------------------------------

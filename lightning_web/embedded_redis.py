@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -59,3 +61,13 @@ def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
             time.sleep(0.05)
         port_file.write_text(str(port))
         return f"redis://127.0.0.1:{port}/0"
+
+
+def stop(data_dir: Path) -> bool:
+    """SIGTERM the data dir's embedded Redis (a throwaway data dir's, after a benchmark); False if none ran."""
+    pid_file = Path(data_dir) / "redis" / "redis.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+    except (OSError, ValueError):  # no pid file, a garbled one, or the server is already gone
+        return False
+    return True
