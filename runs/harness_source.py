@@ -13,7 +13,7 @@ from typing import Iterator
 from asgiref.sync import sync_to_async
 
 from proxy.server import ProxyServer
-from runs import services
+from runs import rollout_services, services
 from runs.executor import Attempt, LocalExecutor
 from runs.models import ModelCall, RolloutStatus, Run, Task
 from trainer import scheduler
@@ -73,9 +73,9 @@ class HarnessSource:
         """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls.
 
         `greedy`: an evaluation attempt the proxy serves at temperature 0."""
-        rollout, secret = await db(services.create_rollout)(self.run, task=task, split=split, step=version,
-                                                            group=group, attempt=attempt, greedy=greedy)
-        await db(services.start_rollout)(rollout.pk)
+        rollout, secret = await db(rollout_services.create_rollout)(
+            self.run, task=task, split=split, step=version, group=group, attempt=attempt, greedy=greedy)
+        await db(rollout_services.start_rollout)(rollout.pk)
         harness = self.run.harness_snapshot
         try:
             out = await self.executor.run(Attempt(
@@ -84,8 +84,8 @@ class HarnessSource:
                 task=self.run.harness_task(task.data),
                 rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret))
         except asyncio.CancelledError:
-            await db(services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
-                                              reward_detail={}, exit_code=None, error="cancelled with its run")
+            await db(rollout_services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
+                                                      reward_detail={}, exit_code=None, error="cancelled with its run")
             raise
         calls, trouble = await db(calls_of)(rollout.pk)
         with self.scoring.track() if split == "train" else nullcontext():
@@ -94,7 +94,7 @@ class HarnessSource:
         if kind == scheduler.POLICY_FAILURE:
             detail = {**detail, "script_reward": reward}
             reward = self.config.failure_reward
-        await db(services.finish_rollout)(
+        await db(rollout_services.finish_rollout)(
             rollout.pk, status=RolloutStatus.FAILED if kind else RolloutStatus.SUCCEEDED, reward=reward,
             reward_detail=detail, exit_code=out.exit_code, stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail,
             error=error, failure_kind=kind)

@@ -17,7 +17,7 @@ from django.db.models import Q
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import durability, services
+from runs import durability, rollout_services, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource
@@ -85,7 +85,7 @@ async def _execute(run_id: int, generation: int) -> str:
             logger.warning("run %s: this worker (generation %s) no longer holds the run (now %s); it stopped "
                            "without touching it", run_id, generation, status)
             return status
-        await db(services.cancel_unfinished_rollouts)(run_id, "cancelled with its run")
+        await db(rollout_services.cancel_unfinished_rollouts)(run_id, "cancelled with its run")
         return await _end(run_id, generation, RunStatus.CANCELLED, "cancelled by its owner")
     finally:
         watcher.cancel()
@@ -157,8 +157,8 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
     async def on_step(report: scheduler.StepReport) -> None:
         # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
         report.metrics["proxy/sampling_overridden_calls"] = float(overridden.delta())
-        await db(services.record_step)(run.pk, report.policy_version, report.policy_version,
-                                       _sample_rows(report), _drift_rows(report), report.metrics)
+        await db(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
+                                               _sample_rows(report), _drift_rows(report), report.metrics)
         await _log(run.pk, f"step {report.policy_version}/{config.steps}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)

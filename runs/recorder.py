@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 
 from proxy.sampling import GREEDY
 from proxy.types import CachedDirectory, RecordedCall, RolloutInfo
-from runs import services
+from runs import rollout_services, services
 from runs.models import Rollout
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class DjangoRecorder:
         await done
 
     async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None:
-        await sync_to_async(services.report_harness_reward)(int(rollout_id), reward, detail)
+        await sync_to_async(rollout_services.report_harness_reward)(int(rollout_id), reward, detail)
 
     async def _write_batches(self) -> None:
         while self._pending:
@@ -49,7 +49,7 @@ class DjangoRecorder:
             self._full.clear()
             batch, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size:]
             try:
-                await sync_to_async(services.record_calls)([call for call, _ in batch])
+                await sync_to_async(rollout_services.record_calls)([call for call, _ in batch])
             except Exception as exc:
                 logger.warning("batch of %d calls not written: %r", len(batch), exc)
                 for _, done in batch:

@@ -1,24 +1,24 @@
-"""Every write of the domain: harnesses, datasets, reward scripts, runs and their state machine, events."""
+"""Every write of the domain: harnesses, datasets, reward scripts, runs and their state machine, events.
+
+Rollouts, their recorded calls and training samples are written by runs.rollout_services."""
 from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, transaction
-from django.db.models import F, Max, Q, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db import transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runs import events
 from runs.datasets import UploadOptions, field_names, parse_tasks
-from runs.models import (Dataset, FailureKind, Harness, Metric, ModelCall, RewardScript, Rollout, RolloutStatus, Run,
-                         RunEvent, RunStatus, Sample, Task)
+from runs.models import (Dataset, Harness, Metric, RewardScript, Rollout, RolloutStatus, Run, RunEvent, RunStatus,
+                         Sample, Task)
 from runs.registry import UnknownModel, resolve_model
 from runs.sandbox import Limits, ScoreResult, score
-from proxy.auth import hash_secret
 from trainer.config import ConfigError, TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -407,7 +407,7 @@ def lose_rollouts(run_id: int, which: Q, error: str) -> int:
         status__in=(RolloutStatus.CANCELLED, RolloutStatus.LOST))
     with transaction.atomic():
         ids = list(rollouts.values_list("pk", flat=True))
-        for batch in _batches(ids, STEP_BATCH):
+        for batch in batches(ids, STEP_BATCH):
             Sample.objects.filter(rollout_id__in=batch).delete()
             Rollout.objects.filter(pk__in=batch).update(
                 status=RolloutStatus.LOST, finished_at=Coalesce(F("finished_at"), timezone.now()))
@@ -441,167 +441,9 @@ def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
         emit_event(run_id, events.RUN_METRICS, {"step": step, "values": {n: float(v) for n, v in values.items()}})
 
 
-# ---------------------------------------------------------------- rollouts
+STEP_BATCH = 200  # rows per transaction in record_step and lose_rollouts: a few hundred keeps each lock short
 
 
-def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int,
-                   greedy: bool = False) -> tuple[Rollout, str]:
-    """A new rollout and its API key; only the key's hash is stored, the key is returned once.
-
-    `greedy` marks an evaluation attempt the proxy serves at temperature 0 (runs.recorder reads it)."""
-    secret = secrets.token_urlsafe(32)
-    rollout = Rollout.objects.create(run=run, task=task, split=split, step=step, group=group, attempt=attempt,
-                                     greedy=greedy, policy_version=run.policy_version,
-                                     secret_hash=hash_secret(secret))
-    return rollout, secret
-
-
-def record_calls(calls) -> None:
-    """Store proxy RecordedCalls as ModelCall rows in one transaction.
-
-    Idempotent on (rollout, seq), so the proxy may retry a batch. One `call.recorded` event per rollout.
-    """
-    rollout_runs = dict(Rollout.objects.filter(pk__in={int(c.rollout_id) for c in calls}).values_list("pk", "run_id"))
-    rows = [_call_row(c) for c in calls if int(c.rollout_id) in rollout_runs]
-    for call in calls:
-        if int(call.rollout_id) not in rollout_runs:
-            logger.error("rollout %s seq %s: rollout no longer exists; call dropped", call.rollout_id, call.seq)
-    try:
-        _store_calls(rows, rollout_runs)
-    except DataError:
-        # PostgreSQL refuses NUL characters in JSON text; model output may hold them. Store a safe copy.
-        logger.warning("a batch of %d calls held text PostgreSQL refuses; storing it with NULs replaced", len(rows))
-        for row in rows:
-            row.request, row.response = _strip_nul(row.request), _strip_nul(row.response)
-        _store_calls(rows, rollout_runs)
-
-
-def _call_row(call) -> ModelCall:
-    return ModelCall(
-        rollout_id=int(call.rollout_id), seq=call.seq, api=call.api, stream=call.stream, request=call.request,
-        response=call.response, prompt_ids=list(call.prompt_ids), completion_ids=list(call.completion_ids),
-        logprobs=list(call.logprobs), finish_reason=call.finish_reason or "", status_code=call.status_code,
-        latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "",
-        sampling_overrides=getattr(call, "sampling_overrides", {}) or {})
-
-
-def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:
-    with transaction.atomic():
-        ModelCall.objects.bulk_create(rows, ignore_conflicts=True)
-        by_rollout: dict[int, list[ModelCall]] = {}
-        for row in rows:
-            by_rollout.setdefault(row.rollout_id, []).append(row)
-        for rollout_id, group in sorted(by_rollout.items()):
-            next_seq = max(r.seq for r in group) + 1
-            Rollout.objects.filter(pk=rollout_id).update(call_count=Greatest(F("call_count"), next_seq))
-            emit_event(rollout_runs[rollout_id], events.CALL_RECORDED, {
-                "rollout": rollout_id,
-                "calls": [{"seq": r.seq, "api": r.api, "status": r.status_code, "latency_ms": round(r.latency_ms, 1),
-                           "completion_tokens": len(r.completion_ids)} for r in sorted(group, key=lambda r: r.seq)],
-            })
-
-
-def _strip_nul(value):
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_strip_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
-    return value
-
-
-def report_harness_reward(rollout_id: int, reward: float, detail: dict) -> None:
-    """A reward the harness reported itself (POST .../v1/reward); kept beside the reward script's."""
-    with transaction.atomic():
-        rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
-        rollout.reward_detail = {**rollout.reward_detail, "harness": {"reward": float(reward), "detail": detail}}
-        rollout.save(update_fields=["reward_detail"])
-        emit_event(rollout.run_id, events.ROLLOUT_STATUS, {"rollout": rollout_id, "harness_reward": float(reward)})
-
-
-def start_rollout(rollout_id: int) -> None:
-    Rollout.objects.filter(pk=rollout_id, status=RolloutStatus.PENDING).update(
-        status=RolloutStatus.RUNNING, started_at=timezone.now())
-
-
-def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward_detail: dict, exit_code: int | None,
-                   stdout_tail: str = "", stderr_tail: str = "", error: str = "", failure_kind: str = "") -> Rollout:
-    """Close a rollout with its reward and harness output; its calls are refused from now on (409).
-
-    `failure_kind` (FailureKind) says whose fault a failure was: "policy" or "infra"; "" when it did not fail.
-    """
-    if failure_kind not in FailureKind.values:
-        raise ServiceError(f"failure_kind must be one of {FailureKind.values}, got {failure_kind!r}")
-    with transaction.atomic():
-        rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
-        rollout.status, rollout.reward, rollout.exit_code = status, reward, exit_code
-        rollout.failure_kind = failure_kind
-        rollout.reward_detail = {**rollout.reward_detail, **reward_detail}
-        rollout.stdout_tail, rollout.stderr_tail, rollout.error = stdout_tail[-16384:], stderr_tail[-16384:], error
-        rollout.finished_at = timezone.now()
-        rollout.save()
-        emit_event(rollout.run_id, events.ROLLOUT_STATUS, {
-            "rollout": rollout.pk, "status": status, "reward": reward, "split": rollout.split, "step": rollout.step,
-            "group": rollout.group, "attempt": rollout.attempt, "error": error[:500], "failure_kind": failure_kind})
-    return rollout
-
-
-def cancel_unfinished_rollouts(run_id: int, error: str) -> int:
-    return Rollout.objects.filter(run_id=run_id, status__in=(RolloutStatus.PENDING, RolloutStatus.RUNNING)).update(
-        status=RolloutStatus.CANCELLED, error=error, finished_at=timezone.now())
-
-
-STEP_BATCH = 200  # rows per transaction in record_step: a few hundred keeps each lock short
-
-
-def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
-                metrics: dict[str, float]) -> None:
-    """Store one training step: its samples, the drift class of every call it read, metrics, step and version.
-
-    A few queries per STEP_BATCH rows (never one per rollout or call), each write batch its own short transaction,
-    so the proxy's recorder, writing ModelCall rows meanwhile, never waits long. The run's step, version and
-    metrics come last in one transaction: a crash part way keeps the batches written but not the run's step.
-    """
-    next_index = _next_sample_indexes({sample["rollout_id"] for sample in samples})
-    rows = []
-    for sample in samples:
-        rows.append(Sample(index=next_index[sample["rollout_id"]], **sample))
-        next_index[sample["rollout_id"]] += 1
-    for batch in _batches(rows, STEP_BATCH):
-        with transaction.atomic():
-            Sample.objects.bulk_create(batch)
-    _store_drift(drift)
-    with transaction.atomic():
-        Run.objects.filter(pk=run_id).update(step=step, policy_version=policy_version, updated_at=timezone.now())
-        record_metrics(run_id, step, metrics)
-
-
-def _next_sample_indexes(rollout_ids: set[int]) -> dict[int, int]:
-    """The next free Sample.index of each rollout, from one aggregate query per STEP_BATCH rollouts."""
-    found: dict[int, int] = {}
-    for ids in _batches(sorted(rollout_ids), STEP_BATCH):
-        found.update(Sample.objects.filter(rollout_id__in=ids).order_by().values("rollout_id")
-                     .annotate(last=Max("index")).values_list("rollout_id", "last"))
-    return {rollout_id: found[rollout_id] + 1 if rollout_id in found else 0 for rollout_id in rollout_ids}
-
-
-def _store_drift(drift: dict[int, dict[int, str]]) -> None:
-    """Set ModelCall.drift: one read per STEP_BATCH rollouts, one bulk update per STEP_BATCH changed calls."""
-    wanted = {int(rollout_id): {int(seq): kind for seq, kind in by_seq.items()}
-              for rollout_id, by_seq in drift.items() if by_seq}
-    changed = []
-    for ids in _batches(sorted(wanted), STEP_BATCH):
-        for call in ModelCall.objects.filter(rollout_id__in=ids).only("pk", "rollout_id", "seq", "drift"):
-            kind = wanted[call.rollout_id].get(call.seq)
-            if kind is not None and kind != call.drift:
-                call.drift = kind
-                changed.append(call)
-    for batch in _batches(changed, STEP_BATCH):
-        with transaction.atomic():
-            ModelCall.objects.bulk_update(batch, ["drift"])
-
-
-def _batches(items: list, size: int):
+def batches(items: list, size: int):
     for start in range(0, len(items), size):
         yield items[start:start + size]

@@ -6,7 +6,7 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
-from runs import durability, orchestrator, services
+from runs import durability, orchestrator, rollout_services, services
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def _fail(run_id: int, generation: int, message: str) -> str:
     try:
         with transaction.atomic():
             services.fail_run(run_id, message, generation=generation)
-            services.cancel_unfinished_rollouts(run_id, f"run failed: {message[:200]}")
+            rollout_services.cancel_unfinished_rollouts(run_id, f"run failed: {message[:200]}")
     except services.InvalidTransition as exc:
         logger.warning("run %s: failure not recorded: %s", run_id, exc)
         return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or "missing"

@@ -1,7 +1,7 @@
 """/api/v1/rollouts/: list and detail with recorded calls and samples, owner-only."""
 import pytest
 
-from runs import services
+from runs import rollout_services
 from runs.models import ModelCall, Sample
 
 pytestmark = pytest.mark.django_db
@@ -11,8 +11,8 @@ URL = "/api/v1/rollouts/"
 @pytest.fixture
 def rollout(alice, make_run):
     run = make_run(alice)
-    rollout, _ = services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=0, group=0,
-                                         attempt=0)
+    rollout, _ = rollout_services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=0, group=0,
+                                                 attempt=0)
     ModelCall.objects.create(rollout=rollout, seq=0, api="chat", request={"messages": [{"role": "user", "content": "hi"}]},
                              response={"choices": [{"message": {"content": "<b>hey</b>"}}]}, prompt_ids=[1, 2, 3],
                              completion_ids=[7, 8, 2], logprobs=[-0.1, -0.2, -0.01], finish_reason="stop",

@@ -2,7 +2,7 @@
 import pytest
 from django.db import transaction
 
-from runs import services
+from runs import rollout_services, services
 from runs.models import Run, RunEvent
 
 pytestmark = pytest.mark.django_db
@@ -115,8 +115,8 @@ def test_rollouts_of_a_run(alice_api, alice, make_run):
     run = make_run(alice)
     task = run.dataset.tasks.first()
     for attempt in range(3):
-        services.create_rollout(run, task=task, split="train", step=0, group=0, attempt=attempt)
-    services.create_rollout(run, task=task, split="val", step=1, group=0, attempt=0)
+        rollout_services.create_rollout(run, task=task, split="train", step=0, group=0, attempt=attempt)
+    rollout_services.create_rollout(run, task=task, split="val", step=1, group=0, attempt=0)
     body = alice_api.get(f"{URL}{run.pk}/rollouts/", {"split": "train"}).json()
     assert body["count"] == 3 and [r["attempt"] for r in body["results"]] == [0, 1, 2]
     assert body["results"][0]["task_external_id"] == task.external_id

@@ -1,7 +1,7 @@
 """GET /api/v1/runs/{id}/validation/: the validation grid, val tasks by evaluated steps, owner-only."""
 import pytest
 
-from runs import selectors, services
+from runs import rollout_services, selectors, services
 from runs.models import Rollout
 from runs.recorder import _rollout_info
 
@@ -21,13 +21,13 @@ def attempt(run, external_id, step, attempt, status="succeeded", reward=None, fa
             split="val"):
     """One rollout row as the Evaluator leaves it (status 'pending' or 'running': still under way)."""
     task = run.dataset.tasks.get(external_id=external_id)
-    rollout, _ = services.create_rollout(run, task=task, split=split, step=step, group=task.index, attempt=attempt,
-                                         greedy=greedy)
+    rollout, _ = rollout_services.create_rollout(run, task=task, split=split, step=step, group=task.index,
+                                                 attempt=attempt, greedy=greedy)
     if status == "running":
-        services.start_rollout(rollout.pk)
+        rollout_services.start_rollout(rollout.pk)
     elif status != "pending":
-        services.finish_rollout(rollout.pk, status=status, reward=reward, reward_detail={}, exit_code=0,
-                                failure_kind=failure_kind)
+        rollout_services.finish_rollout(rollout.pk, status=status, reward=reward, reward_detail={}, exit_code=0,
+                                        failure_kind=failure_kind)
     return rollout
 
 

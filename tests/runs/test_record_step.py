@@ -1,9 +1,9 @@
-"""services.record_step: a training step stored with a fixed number of queries, in short transactions."""
+"""rollout_services.record_step: a training step stored with a fixed number of queries, in short transactions."""
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import services
+from runs import rollout_services, services
 from runs.models import Metric, ModelCall, Run, RunEvent, Sample
 
 pytestmark = pytest.mark.django_db
@@ -11,7 +11,7 @@ KINDS = ("fork", "clean", "realign")
 
 
 def rollouts_with_calls(run, count, calls=3):
-    rollouts = [services.create_rollout(run, task=None, split="train", step=0, group=i, attempt=0)[0]
+    rollouts = [rollout_services.create_rollout(run, task=None, split="train", step=0, group=i, attempt=0)[0]
                 for i in range(count)]
     ModelCall.objects.bulk_create([ModelCall(rollout=r, seq=seq, api="chat", request={}, status_code=200)
                                    for r in rollouts for seq in range(calls)])
@@ -27,8 +27,8 @@ def step(run, rollouts, number=1):
     """Record one step of one sample per rollout, every call classified; return the SQL it issued."""
     drift = {r.pk: {seq: KINDS[(r.pk + seq) % 3] for seq in range(3)} for r in rollouts}
     with CaptureQueriesContext(connection) as queries:
-        services.record_step(run.pk, number, number, [sample(r, i) for i, r in enumerate(rollouts)], drift,
-                             {"loss/policy": 0.25, "reward/mean": 0.5})
+        rollout_services.record_step(run.pk, number, number, [sample(r, i) for i, r in enumerate(rollouts)], drift,
+                                     {"loss/policy": 0.25, "reward/mean": 0.5})
     return [q["sql"] for q in queries.captured_queries]
 
 
@@ -65,9 +65,9 @@ def test_rows_and_drift_are_stored(alice, make_run):
 def test_indexes_continue_from_earlier_steps_and_within_a_step(alice, make_run):
     run = make_run(alice)
     first, second = rollouts_with_calls(run, 2)
-    services.record_step(run.pk, 1, 1, [sample(first, 0)], {}, {})
-    services.record_step(run.pk, 2, 2, [sample(first, 1), sample(second, 2), sample(first, 3)],
-                         {first.pk: {1: "fork"}, second.pk: {}}, {})
+    rollout_services.record_step(run.pk, 1, 1, [sample(first, 0)], {}, {})
+    rollout_services.record_step(run.pk, 2, 2, [sample(first, 1), sample(second, 2), sample(first, 3)],
+                                 {first.pk: {1: "fork"}, second.pk: {}}, {})
     assert list(Sample.objects.order_by("rollout_id", "index").values_list("rollout_id", "index", "token_ids")) == [
         (first.pk, 0, [1, 2, 0]), (first.pk, 1, [1, 2, 1]), (first.pk, 2, [1, 2, 3]), (second.pk, 0, [1, 2, 2])]
     assert list(ModelCall.objects.filter(rollout=first).order_by("seq").values_list("drift", flat=True)) == [

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 
 from proxy.app import create_app
 from proxy.types import RecordedCall, UpstreamConfig
-from runs import services
+from runs import rollout_services, services
 from runs.models import ModelCall, Rollout, RunEvent
 from runs.recorder import DjangoDirectory, DjangoRecorder, cached_directory
 from tests.proxy.fake_upstream import IM_END, FakeVLLM, encode, render_chat
@@ -20,7 +20,8 @@ MESSAGES = [{"role": "user", "content": "what is 2+2?"}]
 @pytest.fixture
 def rollouts(alice, make_run):
     run = make_run(alice)
-    return run, [services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=i) for i in range(3)]
+    return run, [rollout_services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=i)
+                 for i in range(3)]
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ async def test_a_failing_write_reaches_the_caller(rollouts, monkeypatch):
     def broken(calls):
         raise RuntimeError("database is down")
 
-    monkeypatch.setattr(services, "record_calls", broken)
+    monkeypatch.setattr(rollout_services, "record_calls", broken)
     with pytest.raises(RuntimeError, match="database is down"):
         await DjangoRecorder().record(_call(rollout.pk, 0))
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from proxy.types import RecordedCall
-from runs import services
+from runs import rollout_services, services
 from runs.models import ModelCall, Rollout, RunEvent
 
 pytestmark = pytest.mark.django_db
@@ -14,13 +14,13 @@ URL = "/api/v1/rollouts/"
 @pytest.fixture
 def rollout(alice, make_run):
     run = make_run(alice)
-    return services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=0)[0]
+    return rollout_services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=0)[0]
 
 
 @pytest.mark.parametrize("kind", ["policy", "infra", ""])
 def test_finish_rollout_stores_the_failure_kind_and_sends_it(alice_api, rollout, kind):
-    services.finish_rollout(rollout.pk, status="failed" if kind else "succeeded", reward=0.0, reward_detail={},
-                            exit_code=1, error="harness exited with code 1" if kind else "", failure_kind=kind)
+    rollout_services.finish_rollout(rollout.pk, status="failed" if kind else "succeeded", reward=0.0, reward_detail={},
+                                    exit_code=1, error="harness exited with code 1" if kind else "", failure_kind=kind)
     assert Rollout.objects.get(pk=rollout.pk).failure_kind == kind
     event = RunEvent.objects.filter(run=rollout.run, kind="rollout.status").get()
     assert event.payload["failure_kind"] == kind and event.payload["rollout"] == rollout.pk
@@ -31,8 +31,8 @@ def test_finish_rollout_stores_the_failure_kind_and_sends_it(alice_api, rollout,
 def test_an_unknown_failure_kind_is_refused(rollout):
     with pytest.raises(services.ServiceError, match=r"failure_kind must be one of \['', 'policy', 'infra'\], "
                                                     r"got 'oops'"):
-        services.finish_rollout(rollout.pk, status="failed", reward=None, reward_detail={}, exit_code=None,
-                                failure_kind="oops")
+        rollout_services.finish_rollout(rollout.pk, status="failed", reward=None, reward_detail={}, exit_code=None,
+                                        failure_kind="oops")
     assert Rollout.objects.get(pk=rollout.pk).status == "pending"
 
 
@@ -52,8 +52,8 @@ def call(rollout, seq, **extra):
 
 
 def test_sampling_overrides_are_stored_and_shown(alice_api, rollout):
-    services.record_calls([call(rollout, 0, sampling_overrides={"temperature": {"asked": 0.2, "used": 1.0}}),
-                           call(rollout, 1, sampling_overrides={}), call(rollout, 2)])
+    rollout_services.record_calls([call(rollout, 0, sampling_overrides={"temperature": {"asked": 0.2, "used": 1.0}}),
+                                   call(rollout, 1, sampling_overrides={}), call(rollout, 2)])
     assert list(ModelCall.objects.filter(rollout=rollout).values_list("seq", "sampling_overrides")) == [
         (0, {"temperature": {"asked": 0.2, "used": 1.0}}), (1, {}), (2, {})]
     calls = alice_api.get(f"{URL}{rollout.pk}/").json()["calls"]

@@ -2,7 +2,7 @@
 import pytest
 
 from proxy.auth import key_matches
-from runs import services
+from runs import rollout_services, services
 from runs.models import Run, RunEvent, RunStatus
 
 pytestmark = pytest.mark.django_db
@@ -157,7 +157,7 @@ def test_event_seqs_are_gapless_per_run(alice, make_run):
 
 def test_rollout_secrets_are_stored_hashed(alice, make_run):
     run = make_run(alice)
-    rollout, secret = services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=0)
+    rollout, secret = rollout_services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=0)
     assert len(secret) >= 40 and secret not in rollout.secret_hash and len(rollout.secret_hash) == 64
     # The proxy checks a presented key against the stored hash (runs.recorder hands it the hash).
     assert key_matches(secret, rollout.secret_hash) is True
