@@ -368,6 +368,8 @@ def resume_run(run: Run, user) -> Run:
 def continue_run(run: Run, user, steps: int) -> Run:
     """A succeeded run goes back to the queue to train `steps` more steps from its final checkpoint."""
     check_owner(user, run)
+    if steps < 1:  # the API and the page check too; this is the one write path
+        raise ServiceError(f"steps must be at least 1, got {steps}")
     run.refresh_from_db(fields=["status", "checkpoint_path", "config"])
     if run.status != RunStatus.SUCCEEDED:
         hint = "; resume it instead" if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) else ""

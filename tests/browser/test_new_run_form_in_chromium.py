@@ -3,7 +3,6 @@ import os
 
 import pytest
 
-from runs import services
 from runs.models import Run
 from tests.browser.test_pages_in_chromium import login
 

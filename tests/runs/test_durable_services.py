@@ -224,3 +224,14 @@ def test_checkpoint_step_reads_the_folder_name():
     assert durability.checkpoint_step("/a/b/step-000012") == 12
     with pytest.raises(ValueError, match="not a checkpoint folder"):
         durability.checkpoint_step("/a/b/final")
+
+
+
+@pytest.mark.parametrize("steps", [0, -3])
+def test_continue_refuses_fewer_than_one_more_step(alice, make_run, steps, test_redis):
+    run = finished_run(make_run, alice, "succeeded")
+    with pytest.raises(services.ServiceError, match=f"steps must be at least 1, got {steps}"):
+        services.continue_run(run, alice, steps)
+    run.refresh_from_db()
+    assert (run.status, run.config["steps"]) == ("succeeded", 2) and test_redis.llen("runs") == 0
+    assert not run.events.filter(kind="run.log", payload__line__startswith="continued").exists()

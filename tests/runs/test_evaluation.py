@@ -5,7 +5,6 @@ database) in front of a small fake vLLM whose answers depend on the temperature 
 greedy attempts are told apart by what reached the engine, not by what the Evaluator says it sent.
 """
 import asyncio
-import json
 import sys
 from collections import Counter
 

@@ -3,8 +3,6 @@ import json
 import sys
 import time
 
-import pytest
-
 from common.procs import alive
 from runs.executor import TAIL_BYTES, Attempt, LocalExecutor
 
