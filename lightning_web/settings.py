@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_ace",
     "channels",
     "lightning_web",
     "runs",

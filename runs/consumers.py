@@ -64,3 +64,32 @@ def _int(value) -> int:
         return max(0, int(value))
     except (TypeError, ValueError):
         return 0
+
+
+class RunsFeedConsumer(AsyncJsonWebsocketConsumer):
+    """The runs list's live feed at /ws/runs/: status, phase, metrics and resume events of every run the user sees.
+
+    No replay here: the client backfills the rows it shows (GET /runs/rows/) on every (re)connect, after joining,
+    then applies events newer than each row's `event_seq`.
+    """
+
+    async def connect(self):
+        user = self.scope.get("user")
+        self.group = None
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        await self.accept()
+        self.group = events.STAFF_FEED if user.is_staff else events.owner_feed(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.send_json({"kind": "feed.joined", "payload": {}})
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        await self.send_json({"kind": "error", "payload": {"message": "the runs feed takes no messages"}})
+
+    async def run_event(self, event):
+        await self.send_json({key: value for key, value in event.items() if key != "type"})

@@ -20,10 +20,18 @@ ROLLOUT_STATUS = "rollout.status"
 CALL_RECORDED = "call.recorded"
 
 MESSAGE_TYPE = "run.event"  # the consumer method `run_event` receives these
+FEED_KINDS = frozenset({RUN_STATUS, RUN_METRICS, RUN_PHASE, RUN_RESUMED})
+"""Also sent to the runs-list feeds (the run's owner's and the staff's): what a row of the runs list shows."""
+STAFF_FEED = "runs.staff"
 
 
 def run_group(run_id: int) -> str:
     return f"run.{run_id}"
+
+
+def owner_feed(user_id: int) -> str:
+    """The runs-list feed of one user: FEED_KINDS events of every run they own."""
+    return f"runs.owner.{user_id}"
 
 
 def build_event(run_id: int, seq: int, kind: str, payload: dict[str, Any], created_at: str) -> dict[str, Any]:
@@ -36,23 +44,33 @@ def from_row(row) -> dict[str, Any]:
     return build_event(row.run_id, row.seq, row.kind, row.payload, row.created_at.isoformat())
 
 
-def publish(event: dict[str, Any]) -> None:
-    """Send to the run's group; a lost message is fine (clients replay from RunEvent), so log and go on."""
+def publish(event: dict[str, Any], owner_id: int | None = None) -> None:
+    """Send to the run's group (and, for FEED_KINDS with `owner_id`, to the runs-list feeds of the owner and staff).
+
+    A lost message is fine (clients replay from RunEvent or backfill), so log and go on.
+    """
     layer = get_channel_layer()
     if layer is None:
         return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        _send(layer, event)
+        _send(layer, event, owner_id)
     else:  # sync code running on an event loop's thread: async_to_sync refuses there, so send from a helper
-        sender = threading.Thread(target=_send, args=(layer, event), name="publish-event")
+        sender = threading.Thread(target=_send, args=(layer, event, owner_id), name="publish-event")
         sender.start()
         sender.join()
 
 
-def _send(layer, event: dict[str, Any]) -> None:
+def _send(layer, event: dict[str, Any], owner_id: int | None = None) -> None:
+    groups = [run_group(event["run"])]
+    if owner_id is not None and event["kind"] in FEED_KINDS:
+        groups += [owner_feed(owner_id), STAFF_FEED]
     try:
-        async_to_sync(layer.group_send)(run_group(event["run"]), event)
+        async def send_all():
+            for group in groups:
+                await layer.group_send(group, event)
+
+        async_to_sync(send_all)()
     except Exception:
         logger.warning("could not publish event seq=%s of run %s", event["seq"], event["run"], exc_info=True)

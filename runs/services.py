@@ -85,10 +85,10 @@ def emit_event(run_id: int, kind: str, payload: dict[str, Any]) -> RunEvent:
     """
     with transaction.atomic():
         Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + 1)
-        seq = Run.objects.filter(pk=run_id).values_list("event_seq", flat=True).get()
+        seq, owner_id = Run.objects.filter(pk=run_id).values_list("event_seq", "owner_id").get()
         row = RunEvent.objects.create(run_id=run_id, seq=seq, kind=kind, payload=payload)
         event = events.from_row(row)
-        transaction.on_commit(lambda: events.publish(event))
+        transaction.on_commit(lambda: events.publish(event, owner_id))
     return row
 
 

@@ -1,13 +1,16 @@
-"""Dashboard pages."""
+"""Dashboard pages: the new-run form here, each area's pages in runs/pages/."""
 from django.urls import path
 
 from runs import views
+from runs.pages import compare, datasets, harnesses, models, rewards, run_list, run_page
 
 urlpatterns = [
-    path("", views.runs_list, name="runs-list"),
     path("runs/new/", views.new_run, name="run-new"),
-    path("runs/demo/", views.start_demo, name="run-demo"),
-    path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
-    path("runs/<int:run_id>/resume/", views.run_go_on, {"how": "resume"}, name="run-resume"),
-    path("runs/<int:run_id>/continue/", views.run_go_on, {"how": "continue"}, name="run-continue"),
+    *compare.urlpatterns,  # before run_page: runs/compare/ is not a run id
+    *run_list.urlpatterns,
+    *run_page.urlpatterns,
+    *harnesses.urlpatterns,
+    *rewards.urlpatterns,
+    *datasets.urlpatterns,
+    *models.urlpatterns,
 ]

@@ -1,0 +1,1 @@
+"""Dashboard pages, one module an area; each module holds its views and its `urlpatterns`."""

@@ -1,0 +1,2 @@
+"""Placeholder: pages of this area are being written."""
+urlpatterns: list = []
