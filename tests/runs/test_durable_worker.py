@@ -2,24 +2,18 @@
 
 vLLM serves a tiny model; the harness talks to it through the proxy. Run under the heavy lock on a shared machine.
 """
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.db.models import Count
 
-from lightning_web.celery import app as celery_app
+from common.procs import pids_matching
 from runs import services
 from runs.models import Metric, ModelCall, Rollout, Run, Sample
-from common.procs import kill_groups, pids_matching
+from tests.workers import Workers
 from trainer.engine import default_engine_venv
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
     pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
@@ -58,54 +52,6 @@ def tiny_model(tmp_path_factory):
     from trainer.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("durable-models") / "tiny-real", seed=0)
-
-
-def database_url() -> str:
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}:{s['PASSWORD'] or ''}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-class Workers:
-    """Celery worker subprocesses on the tests' database and broker, as `manage.py up` starts them."""
-
-    def __init__(self, tmp_path: Path):
-        self.logs, self.procs = tmp_path / "logs", []
-        self.logs.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        self.env.update(DATABASE_URL=database_url(), REDIS_URL=celery_app.conf.broker_url,
-                        LIGHTNING_DATA_DIR=str(tmp_path / "data"), CHANNELS_PREFIX="lightning-test",
-                        LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
-                        LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")
-        self.data_dir = tmp_path / "data"
-        self.runs_dir = self.data_dir / "runs"
-
-    def engines(self) -> list[str]:
-        """vLLM processes serving from this test's data dir (the run's folder or the engine cache in it)."""
-        return pids_matching(str(self.data_dir), "vllm.entrypoints")
-
-    def start(self, name: str, queues: str, beat: bool = False) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "celery", "-A", "lightning_web", "worker", "--pool", "solo", "-Q", queues,
-                "-n", f"{name}@test", "--loglevel", "INFO"] + (["--beat"] if beat else [])
-        log = open(self.logs / f"{name}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        """SIGKILL the worker process alone, as the kernel's OOM killer does."""
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-    def tails(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logs.iterdir())
-
-    def stop(self) -> None:
-        kill_groups([proc.pid for proc in self.procs], grace_s=60)
-        for proc in self.procs:
-            proc.wait()
 
 
 @pytest.fixture
