@@ -65,6 +65,22 @@ class SampleBuild(models.TextChoices):
     REALIGNED = "realigned", "Realigned splice"
 
 
+class SortIndex(models.Index):
+    """An index on ORDER BY terms, NULLS LAST included where the database stores it.
+
+    SQLite refuses NULLS FIRST/LAST in CREATE INDEX; NULL sorts lowest there, so its plain DESC already puts NULL
+    last: it gets the terms without them.
+    """
+
+    def create_sql(self, model, schema_editor, using="", **kwargs):
+        if schema_editor.connection.vendor != "sqlite":
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        plain = [models.OrderBy(term.expression, descending=term.descending) if isinstance(term, models.OrderBy)
+                 else term for term in self.expressions]
+        return models.Index(*plain, name=self.name, condition=self.condition, include=self.include,
+                            db_tablespace=self.db_tablespace).create_sql(model, schema_editor, using=using, **kwargs)
+
+
 class Owned(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -238,6 +254,19 @@ class Rollout(models.Model):
         indexes = [
             models.Index(fields=["run", "step"], name="rollout_run_step"),
             models.Index(fields=["run", "split", "status"], name="rollout_run_split_status"),
+            # The run page's rollouts table (runs.rollout_queries.SORTS) reads a page straight from these in every
+            # order but ascending duration: newest/oldest, reward, -reward, calls/-calls (one index both ways:
+            # call_count is never NULL), -duration.
+            models.Index(fields=["run", "id"], name="rollout_run_id"),
+            models.Index(fields=["run", "reward", "id"], name="rollout_run_reward"),
+            SortIndex(models.F("run"), models.F("reward").desc(nulls_last=True), models.F("id").desc(),
+                      name="rollout_run_reward_desc"),
+            models.Index(fields=["run", "-call_count", "-id"], name="rollout_run_calls"),
+            SortIndex(models.F("run"), (models.F("finished_at") - models.F("started_at")).desc(nulls_last=True),
+                      models.F("id").desc(), name="rollout_run_duration_desc"),
+            # Only the rollouts that failed with a message: a text search of errors that says ~Q(error="") reads
+            # these instead of every rollout of the run.
+            models.Index(fields=["run", "id"], condition=~models.Q(error=""), name="rollout_run_errored"),
         ]
 
     def __str__(self) -> str:

@@ -114,6 +114,28 @@ def update_reward_script(script: RewardScript, **fields) -> RewardScript:
     return _update_versioned(script, _pick(fields, REWARD_FIELDS))
 
 
+def delete_harness(harness: Harness, user) -> None:
+    """Delete a harness no run references (runs link to it for clones and filters); ServiceError otherwise."""
+    _delete_unused(harness, user, "harness")
+
+
+def delete_reward_script(script: RewardScript, user) -> None:
+    """Delete a reward script no run references; ServiceError otherwise."""
+    _delete_unused(script, user, "reward script")
+
+
+def _delete_unused(obj, user, label: str) -> None:
+    check_owner(user, obj)
+    with transaction.atomic():
+        used = obj.runs.count()
+        if used:
+            raise ServiceError(f"{label} '{obj.name}' is used by {used} run(s) and cannot be deleted; "
+                               f"edit it instead (runs keep the version they started with)")
+        pk = obj.pk
+        obj.delete()
+    logger.info("%s %s deleted by %s", label, pk, user)
+
+
 def try_reward_script(script: RewardScript, task: Any, outcome: Any) -> ScoreResult:
     return score_reward(script.source, task, outcome, timeout_s=script.timeout_s)
 
@@ -182,6 +204,20 @@ def create_dataset(owner, *, name: str, content: bytes, filename: str = "", desc
     logger.info("dataset %s created with %d train and %d val tasks", dataset.pk, dataset.train_count,
                 dataset.val_count)
     return dataset
+
+
+def delete_dataset(dataset: Dataset, user) -> None:
+    """Delete a dataset and its tasks, refused while any run references it (a run's rollouts point at its tasks)."""
+    check_owner(user, dataset)
+    with transaction.atomic():
+        runs = list(Run.objects.filter(dataset=dataset).order_by("pk").values_list("pk", flat=True)[:6])
+        if runs:
+            shown = ", ".join(f"#{pk}" for pk in runs[:5]) + (" and more" if len(runs) > 5 else "")
+            raise ServiceError(f"dataset {dataset.name!r} is used by run(s) {shown}; "
+                               "delete those runs first, or keep the dataset")
+        dataset_id = dataset.pk
+        dataset.delete()
+    logger.info("dataset %s deleted by user %s", dataset_id, user.pk)
 
 
 # ---------------------------------------------------------------- runs

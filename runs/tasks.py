@@ -6,7 +6,7 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
-from runs import durability, orchestrator, rollout_services, services
+from runs import durability, model_imports, orchestrator, rollout_services, services
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -50,3 +50,9 @@ def _fail(run_id: int, generation: int, message: str) -> str:
         logger.warning("run %s: failure not recorded: %s", run_id, exc)
         return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or "missing"
     return RunStatus.FAILED
+
+
+@shared_task(name="runs.tasks.import_model", acks_late=True)
+def import_model(name: str, import_id: str) -> str:
+    """Build or import a registry model the dashboard asked for (runs.model_imports); returns its final state."""
+    return model_imports.run_import(name, import_id).get("state", "missing")

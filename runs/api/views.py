@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -13,7 +14,7 @@ from rest_framework.response import Response
 from runs import registry, selectors, services
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
-from runs.models import Dataset, Harness, RewardScript, Rollout, Run, Task
+from runs.models import Dataset, Harness, ModelCall, RewardScript, Rollout, Run, Sample, Task
 
 
 class OwnedViewSet(viewsets.GenericViewSet):
@@ -173,7 +174,7 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     @action(detail=True, methods=["get"])
     def rollouts(self, request, pk=None):
         run = self.get_object()
-        rows = RolloutFilter(request.query_params, queryset=run.rollouts.select_related("task")).qs
+        rows = RolloutFilter(request.query_params, queryset=run.rollouts.select_related("task").order_by(*RUN_ORDER)).qs
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(s.RolloutSerializer(page, many=True).data)
 
@@ -196,6 +197,12 @@ class ModelRegistryViewSet(viewsets.ViewSet):
         return Response(s.ModelInfoSerializer([m.to_dict() for m in registry.registered_models()], many=True).data)
 
 
+RUN_ORDER = ("step", "group", "attempt", "id")
+"""Rollouts of one run in Rollout.Meta.ordering's order, spelt out: the Meta's leading "run" sorts by the run's
+created_at, which joins runs_run and sorts all the run's rollouts before a page is cut (rollout_run_step serves
+this order instead)."""
+
+
 class RolloutFilter(django_filters.FilterSet):
     class Meta:
         model = Rollout
@@ -205,9 +212,16 @@ class RolloutFilter(django_filters.FilterSet):
 class RolloutViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """Rollouts of the user's runs; the detail holds every recorded call and training sample."""
 
-    queryset = Rollout.objects.select_related("task")
+    queryset = Rollout.objects.select_related("task").order_by("-run_id", *RUN_ORDER)  # newest run first, no join
     filterset_class = RolloutFilter
     permission_classes = [IsAuthenticated]  # the queryset already holds only the user's rollouts
+
+    def get_queryset(self):
+        rows = super().get_queryset()
+        if self.action == "retrieve":  # in their own order (the Meta orderings sort by the rollout's run first)
+            rows = rows.prefetch_related(Prefetch("calls", ModelCall.objects.order_by("seq")),
+                                         Prefetch("samples", Sample.objects.order_by("index")))
+        return rows
 
     def get_serializer_class(self):
         return s.RolloutDetailSerializer if self.action == "retrieve" else s.RolloutSerializer

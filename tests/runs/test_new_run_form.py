@@ -197,7 +197,7 @@ def test_a_refusal_naming_no_field_shows_above_the_form(alice_client, alice, par
 def test_the_run_page_links_to_clone_and_edit(alice_client, alice, make_run):
     run = make_run(alice)
     page = alice_client.get(f"/runs/{run.pk}/").content.decode()
-    assert f'<a href="/runs/new/?clone={run.pk}" id="clone-link">Clone and edit</a>' in page
+    assert f'<a href="/runs/new/?clone={run.pk}" id="clone-link" class="button-link">Clone and edit</a>' in page
 
 
 def test_clone_fills_the_form_from_the_run(alice_client, alice, make_run):

@@ -1,0 +1,219 @@
+"""The run page in real Chromium: four chart panels that extend live and keep the zoom, EMA smoothing, the wall-time
+axis, the rollouts table filling in live, the rollout page from a row, and cancel."""
+import os
+from pathlib import Path
+
+import pytest
+from django.db.models import Q
+
+from runs import rollout_services, services
+from runs.models import Run, Task
+from tests.browser.test_pages_in_chromium import login
+
+pytestmark = pytest.mark.browser
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop in this thread
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+PANELS = ("run-chart", "chart-policy", "chart-data", "chart-system")
+TRACES = "(id) => document.getElementById(id).data.map(t => ({name: t.name, x: t.x, y: t.y}))"
+
+
+def step_metrics(step: int) -> dict[str, float]:
+    return {
+        "reward/mean": 0.1 * step, "reward/std": 0.05, "loss/total": 1.0 / step, "actor/entropy": 2.0,
+        "actor/grad_norm": 0.5, "actor/clip_frac": 0.1, "actor/ratio_mean": 1.0, "is/weight_mean": 0.98,
+        "is/truncated_frac": 0.01, "mismatch/logprob_abs": 0.02, "mismatch/kl": 0.001,
+        "length/completion_tokens_mean": 100.0 + step, "length/sample_tokens_mean": 300.0,
+        "rollout/calls_mean": 2.0, "train/samples": 16.0, "advantage/zero_frac": 0.25,
+        "rollout/infra_failures": 0.0, "rollout/policy_failures": 1.0, "drift/realign_rate": 0.0,
+        "drift/fork_rate": 0.0, "time/step": 10.0, "time/generate": 6.0, "time/train": 2.0, "time/sync": 0.5,
+        "time/build_samples": 0.2, "time/checkpoint": 0.1, "time/record": 0.1, "time/idle": 1.1,
+        "rollout/generated_tokens_per_s": 800.0, "train/tokens_per_s": 5000.0, "staleness/mean": 0.5,
+    }
+
+
+@pytest.fixture
+def console(page):
+    errors = []
+    page.on("console", lambda msg: errors.append(f"{msg.location.get('url')}: {msg.text}")
+            if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    return errors
+
+
+@pytest.fixture
+def running_run(alice, make_run):
+    run = make_run(alice, name="<i>live</i> run", config={"steps": 10})
+    services.claim_run(run.pk, "task")
+    services.transition_run(run.pk, "running")
+    services.record_metrics(run.pk, 0, {"eval/pass@1": 0.2, "eval/pass@1_greedy": 0.25})
+    for step in (1, 2, 3):
+        services.record_metrics(run.pk, step, step_metrics(step))
+    Run.objects.filter(pk=run.pk).update(step=3, policy_version=3)
+    return run
+
+
+def shot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def settle(page):
+    """Wait for the page's own requests: one still in flight when the page closes can hold up daphne's exit."""
+    page.wait_for_selector("#run-chart[data-ready='1']")
+    page.wait_for_function("window.runPage.table.loads > 0 && !window.runPage.table.inFlight")
+
+
+def traces(page, panel="run-chart"):
+    return {t["name"]: t for t in page.evaluate(TRACES, panel)}
+
+
+def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall_time(
+        page, live_url, running_run, console):
+    run = running_run
+    login(page, live_url)
+    sockets = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+    page.set_viewport_size({"width": 1300, "height": 1000})
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    for panel in PANELS:
+        page.wait_for_selector(f"#{panel}[data-ready='1']", timeout=30000)
+    page.wait_for_function("window.lightningLive.state === 'live'")
+    assert page.locator("#live-indicator").inner_text() == "live"
+
+    reward = traces(page)
+    assert reward["train reward (mean of the step)"]["x"] == [1, 2, 3]
+    assert reward["val Pass@1 (mean of k samples)"]["x"] == [0]
+    assert reward["train reward ± std"]["y"] == pytest.approx([0.15, 0.25, 0.35])
+    policy, data, system = (traces(page, p) for p in PANELS[1:])
+    assert {"loss", "clip fraction", "importance ratio (mean)", "TIS weight (mean)", "engine–trainer |Δ logprob|",
+            "entropy", "grad norm"} <= set(policy)
+    assert data["rollouts with signal (fraction)"]["y"] == pytest.approx([0.75] * 3)
+    assert {"response length (tokens, mean)", "calls per rollout", "samples per step",
+            "dropped (infra failures)", "drift: realign rate"} <= set(data)
+    assert system["samples, checkpoint, record"]["y"] == pytest.approx([0.4] * 3)
+    assert {"generate", "train", "sync", "idle", "generated tokens/s", "staleness (mean)"} <= set(system)
+    assert all(len(t["x"]) == 3 for t in policy.values())
+    page.wait_for_function("document.getElementById('run-eta').textContent === '1m 10s'")  # 10 s x 7 steps
+    assert page.locator("#run-phase").inner_text() == "step 4: generating rollouts and training"
+    services.set_run_phase(run.pk, "evaluating step 3: 2/4", 0.5)
+    page.wait_for_function("document.getElementById('run-phase').textContent === 'evaluating step 3: 2/4 (50%)'")
+    assert page.locator("#run-step").inner_text() == "3" and page.locator("#run-steps").inner_text() == "10"
+    assert page.locator("#run-chart .gtitle").text_content() == "<i>live</i> run"  # text, not markup
+    shot(page, "run_page")
+
+    # A zoom survives new points, which arrive without a reload.
+    page.evaluate("() => Plotly.relayout('run-chart', {'xaxis.range': [1, 2]})")
+    page.evaluate("() => Plotly.relayout('chart-policy', {'xaxis.range': [2, 3]})")
+    services.record_metrics(run.pk, 4, step_metrics(4))
+    page.wait_for_function("document.getElementById('run-chart').data[0].x.length === 4", timeout=15000)
+    page.wait_for_function("document.getElementById('chart-policy').data[0].x.length === 4", timeout=15000)
+    assert page.evaluate("() => document.getElementById('run-chart').layout.xaxis.range") == [1, 2]
+    assert page.evaluate("() => document.getElementById('chart-policy').layout.xaxis.range") == [2, 3]
+    assert page.locator("#run-step").inner_text() == "4" and page.locator("#run-policy-version").inner_text() == "4"
+    assert page.locator("#run-phase").inner_text() == "step 5: generating rollouts and training"
+    assert page.locator("#events li").last.inner_text().endswith("step 4: reward/mean 0.400 · reward/std 0.0500 · "
+                                                                  "loss/total 0.250 · time/step 10 … (+27 more)")
+
+    # EMA smoothing changes the drawn values (debiased: the first point stays as it was).
+    raw = traces(page)["train reward (mean of the step)"]["y"]
+    page.evaluate("""() => { const s = document.getElementById('chart-smoothing');
+                             s.value = '0.5'; s.dispatchEvent(new Event('input')); }""")
+    page.wait_for_function("document.getElementById('run-chart').data[0].y[1] !== 0.2", timeout=5000)
+    smoothed = traces(page)["train reward (mean of the step)"]["y"]
+    expected, total, weight = [], 0.0, 0.0
+    for value in raw:
+        total, weight = 0.5 * total + 0.5 * value, 0.5 * weight + 0.5
+        expected.append(total / weight)
+    assert smoothed == pytest.approx(expected) and smoothed != pytest.approx(raw)
+    assert page.locator("#chart-smoothing-value").inner_text() == "0.50"
+    assert page.evaluate("() => document.getElementById('run-chart').layout.xaxis.range") == [1, 2]
+
+    # Back to the checkpoint of step 3: the points of step 4 go, to be trained again.
+    services.rewind_run(run.pk, 3, Q(pk__in=[]), "resumed in a test")
+    page.wait_for_function("document.getElementById('run-chart').data[0].x.length === 3", timeout=15000)
+    assert page.locator("#run-step").inner_text() == "3"
+    assert page.locator("#events li").last.inner_text().endswith(
+        "resumed from the checkpoint of step 3: 0 rollouts lost, steps 4 to be redone")
+
+    # By wall time: the x values become the times the points were recorded.
+    page.check("input[name=chart-x][value=time]")
+    page.wait_for_function("document.getElementById('run-chart').layout.xaxis.type === 'date'", timeout=5000)
+    x = traces(page)["train reward (mean of the step)"]["x"]
+    assert len(x) == 3 and all(isinstance(v, str) and v[:4].isdigit() for v in x)
+    assert page.evaluate("() => document.getElementById('chart-system').layout.xaxis.type") == "date"
+    shot(page, "run_page_wall_time")
+    assert [url.split("?")[0].split("/", 3)[3] for url in sockets] == [f"ws/runs/{run.pk}/"]  # one socket for all
+    assert console == [] and page.outside == []
+
+
+def test_rollouts_fill_in_live_and_open_their_page_then_cancel(page, live_url, running_run, console):
+    run = running_run
+    login(page, live_url)
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_selector("#rollouts[data-loads]")
+    assert page.locator("#rollouts-body").inner_text().strip() == "No rollouts yet."
+
+    task = Task.objects.filter(dataset=run.dataset, split="train").first()
+    made = []
+    xss = '<img src=x onerror="window.pwned = 1">'
+    for attempt, reward in enumerate((1.0, 0.0, 0.5)):
+        rollout, _ = rollout_services.create_rollout(run, task=task, split="train", step=4, group=0, attempt=attempt)
+        rollout_services.start_rollout(rollout.pk)
+        failed = reward == 0.0
+        rollout_services.finish_rollout(rollout.pk, status="failed" if failed else "succeeded", reward=reward,
+                                        reward_detail={"why": "<b>payload</b>"}, exit_code=1 if failed else 0,
+                                        error=f"harness said {xss}" if failed else "",
+                                        failure_kind="policy" if failed else "")
+        made.append(rollout)
+    page.wait_for_function("document.querySelectorAll('#rollouts-body tr[data-rollout]').length === 3", timeout=15000)
+    assert page.locator("#rollouts-count").inner_text() == "3 rollouts"
+    failed_row = page.locator(f"#rollouts-body tr[data-rollout='{made[1].pk}']")
+    assert failed_row.locator("td.error").inner_text() == f"harness said {xss}"  # text, not markup
+    assert failed_row.locator(".status").inner_text() == "failed (policy)"
+    assert page.locator("#rollouts-body img").count() == 0 and page.evaluate("window.pwned") is None
+    page.click("#rollouts button.sort[data-sort=reward]")  # highest first
+    page.wait_for_function(f"document.querySelector('#rollouts-body tr').dataset.rollout === '{made[0].pk}'")
+    page.click("#rollouts button.sort[data-sort=reward]")  # lowest first
+    page.wait_for_function(f"document.querySelector('#rollouts-body tr').dataset.rollout === '{made[1].pk}'")
+    page.fill("#rollouts-filter input[name=reward_min]", "0.4")
+    page.wait_for_function("document.querySelectorAll('#rollouts-body tr[data-rollout]').length === 2")
+    # The table alone: a full-page shot resizes the viewport, and the scroll it restores afterwards moves the rows.
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#rollouts").screenshot(path=str(SCREENSHOTS / "run_page_rollouts.png"))
+    page.wait_for_function("!window.runPage.table.timer && !window.runPage.table.inFlight")  # the rows hold still
+    page.click(f"#rollouts-body tr[data-rollout='{made[2].pk}'] a")
+    page.wait_for_selector("#rollout-page")
+    assert page.url.endswith(f"/rollouts/{made[2].pk}/")
+    assert page.locator("h1").inner_text().startswith(f"Rollout {made[2].pk}")
+    assert '"why": "<b>payload</b>"' in page.locator("#rollout-reward-detail").inner_text()  # text, not markup
+    shot(page, "rollout_page")
+    page.click("#rollout-run-link")
+    page.wait_for_selector("#cancel-button")
+
+    page.click("#cancel-button")
+    page.wait_for_function("document.getElementById('run-status').textContent === 'cancelling'", timeout=15000)
+    assert Run.objects.get(pk=run.pk).status == "cancelling"
+    settle(page)
+    assert console == [] and page.outside == []
+
+
+def test_cancel_ends_a_queued_run_and_the_header_follows(page, live_url, alice, make_run, console):
+    run = make_run(alice, name="queued")
+    for i in range(510):  # replayed on load: the log keeps the last 500 lines
+        services.emit_event(run.pk, "run.log", {"line": f"line {i}"})
+    login(page, live_url)
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_selector("#run-chart[data-ready='1']")
+    page.wait_for_function("document.querySelector('#events li:last-child')?.textContent.endsWith(' line 509')")
+    assert page.locator("#events li").count() == 500
+    assert page.locator("#events li").first.inner_text().endswith(" line 10")
+    assert page.locator("#run-eta").inner_text() == "–"
+    page.click("#cancel-button")
+    page.wait_for_function("document.getElementById('run-status').textContent === 'cancelled'", timeout=15000)
+    assert Run.objects.get(pk=run.pk).status == "cancelled"
+    assert not page.locator("#cancel-form").is_visible()
+    assert page.locator("#events li").last.inner_text().endswith("status → cancelled: cancelled before it started")
+    settle(page)
+    shot(page, "run_page_cancelled")
+    assert console == [] and page.outside == []
