@@ -410,11 +410,11 @@ PAGES = [
     Page("runs-rows", "runs-rows", lambda s: "", "?page=1"),
     Page("run-detail", "run-detail", lambda s: s.run),
     Page("run-metric-series", "run-metric-series", lambda s: s.run),
-    Page("run-rollouts", "run-rollouts", lambda s: s.run),
-    Page("run-rollouts sorted", "run-rollouts", lambda s: s.run, "?sort=-reward&page=3"),
-    Page("run-rollouts filtered", "run-rollouts", lambda s: s.run,
+    Page("run-rollouts", "run-rollouts-table", lambda s: s.run),
+    Page("run-rollouts sorted", "run-rollouts-table", lambda s: s.run, "?sort=-reward&page=3"),
+    Page("run-rollouts filtered", "run-rollouts-table", lambda s: s.run,
          "?step={step}&split=train&status=succeeded&reward_min=0.5&sort=-duration"),
-    Page("run-rollouts search", "run-rollouts", lambda s: s.run, "?q=task-01&sort=-calls"),
+    Page("run-rollouts search", "run-rollouts-table", lambda s: s.run, "?q=task-01&sort=-calls"),
     Page("rollout-detail", "rollout-detail", lambda s: s.rollout),
     Page("run-compare", "run-compare", lambda s: "", "?ids={run},{peer}"),
     Page("dataset-detail", "dataset-detail", lambda s: s.dataset),
@@ -437,8 +437,6 @@ def page_url(page: Page, side: Side) -> str | None:
         try:
             path = reverse(page.url_name, args=[arg] if arg != "" else [])
         except NoReverseMatch:
-            return None
-        if path.startswith("/api/"):  # e.g. the API's run-rollouts action while the page does not exist
             return None
     return path + page.query.format(run=side.run, peer=side.peer, step=side.step)
 
@@ -528,8 +526,8 @@ def measure(small: Side, big: Side, repeat: int, failed: list[str],
 
 def replay_after(last_seq: int) -> int:
     """The seq after which the run page's socket asks for the run's events, given the run's last seq when the page
-    was drawn (static/js/run_page.js: from the run's first event)."""
-    return 0
+    was drawn (static/js/run_page.js: the last LOG_LINES = 500 events, for the event log)."""
+    return max(0, last_seq - 500)
 
 
 def time_replays(sides: list[Side], repeat: int) -> list[tuple[float, int, float]]:

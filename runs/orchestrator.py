@@ -167,8 +167,11 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
         await db(services.record_checkpoint)(run.pk, generation, str(path), step)
         await asyncio.to_thread(durability.prune_checkpoints, path.parent)
 
+    async def on_phase(phase: str) -> None:  # a few a step: what the run page's header says it does now
+        await db(services.set_run_phase)(run.pk, phase)
+
     await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
-                        checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint,
+                        checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint, on_phase=on_phase,
                         first_group_id=resume.next_group_id if resume else 0)
     return RunStatus.SUCCEEDED
 

@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import DurationField, ExpressionWrapper, F, Func, IntegerField, Q, QuerySet
 from django.db.models.functions import Substr
 
-from runs.models import ModelCall, Rollout, RolloutStatus, Run, Split
+from runs.models import ModelCall, Rollout, RolloutStatus, Run, Split, Task
 
 PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200
@@ -62,7 +62,9 @@ class RolloutQuery:
                    page=_number(params, "page", int, minimum=1) or 1,
                    page_size=min(_number(params, "page_size", int, minimum=1) or PAGE_SIZE, MAX_PAGE_SIZE))
 
-    def filter(self, rows: QuerySet) -> QuerySet:
+    def filter(self, rows: QuerySet, run: Run | None = None) -> QuerySet:
+        """`run`: the text search matches task ids within the run's dataset (a subquery on the task index) rather
+        than joining every rollout to its task."""
         conditions = Q()
         if self.step is not None:
             conditions &= Q(step=self.step)
@@ -75,7 +77,12 @@ class RolloutQuery:
         if self.reward_max is not None:
             conditions &= Q(reward__lte=self.reward_max)
         if self.text:
-            conditions &= Q(task__external_id__icontains=self.text) | Q(error__icontains=self.text)
+            if run is None:
+                by_task = Q(task__external_id__icontains=self.text)
+            else:
+                by_task = Q(task__in=Task.objects.filter(dataset_id=run.dataset_id,
+                                                         external_id__icontains=self.text).order_by().values("pk"))
+            conditions &= by_task | (~Q(error="") & Q(error__icontains=self.text))
         return rows.filter(conditions)
 
 
@@ -96,7 +103,7 @@ def _number(params, name: str, kind: type, minimum: float | None = None):
 
 def rollouts_page(run: Run, query: RolloutQuery) -> dict[str, Any]:
     """One page of the run's rollouts as the table shows them: two queries (count, then the page's rows)."""
-    rows = query.filter(Rollout.objects.filter(run=run))
+    rows = query.filter(Rollout.objects.filter(run=run), run)
     count = rows.count()
     pages = max(1, math.ceil(count / query.page_size))
     page = min(query.page, pages)

@@ -98,8 +98,14 @@ def report_harness_reward(rollout_id: int, reward: float, detail: dict) -> None:
 
 
 def start_rollout(rollout_id: int) -> None:
-    Rollout.objects.filter(pk=rollout_id, status=RolloutStatus.PENDING).update(
-        status=RolloutStatus.RUNNING, started_at=timezone.now())
+    """Pending -> running; a `rollout.status` event lets the run page's table show it at once."""
+    with transaction.atomic():
+        started = Rollout.objects.filter(pk=rollout_id, status=RolloutStatus.PENDING).update(
+            status=RolloutStatus.RUNNING, started_at=timezone.now())
+        if started:
+            row = Rollout.objects.values("run_id", "split", "step", "group", "attempt").get(pk=rollout_id)
+            services.emit_event(row.pop("run_id"), events.ROLLOUT_STATUS,
+                                {"rollout": rollout_id, "status": RolloutStatus.RUNNING, **row})
 
 
 def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward_detail: dict, exit_code: int | None,

@@ -54,6 +54,10 @@ class NotOwned(ServiceError):
     pass
 
 
+class InUse(ServiceError):
+    """A harness, dataset or reward script that runs reference cannot be deleted."""
+
+
 class DatasetRejected(ServiceError):
     def __init__(self, errors: list[dict[str, Any]]):
         self.errors = errors
@@ -129,7 +133,7 @@ def _delete_unused(obj, user, label: str) -> None:
     with transaction.atomic():
         used = obj.runs.count()
         if used:
-            raise ServiceError(f"{label} '{obj.name}' is used by {used} run(s) and cannot be deleted; "
+            raise InUse(f"{label} '{obj.name}' is used by {used} run(s) and cannot be deleted; "
                                f"edit it instead (runs keep the version they started with)")
         pk = obj.pk
         obj.delete()
@@ -213,7 +217,7 @@ def delete_dataset(dataset: Dataset, user) -> None:
         runs = list(Run.objects.filter(dataset=dataset).order_by("pk").values_list("pk", flat=True)[:6])
         if runs:
             shown = ", ".join(f"#{pk}" for pk in runs[:5]) + (" and more" if len(runs) > 5 else "")
-            raise ServiceError(f"dataset {dataset.name!r} is used by run(s) {shown}; "
+            raise InUse(f"dataset {dataset.name!r} is used by run(s) {shown}; "
                                "delete those runs first, or keep the dataset")
         dataset_id = dataset.pk
         dataset.delete()

@@ -132,15 +132,17 @@ class Scheduler:
     def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, decode: Decode | None = None,
                  on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
                  checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
-                 on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None):
+                 on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None,
+                 on_phase: Callable[[str], Awaitable[None] | None] | None = None):
         """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
+        `on_phase` hears what the loop does now, when it changes ("step 3: generating", "step 3: training", ...);
         checkpoints go to `checkpoint_dir`/step-NNNNNN, and `on_checkpoint(path, step)` hears of each one once it
         is complete and that step's `on_step` has returned; a resumed run passes a `first_group_id` past the ids it
         already used."""
         self.policy, self.engine, self.source = policy, engine, source
         self.config: TrainerConfig = policy.config
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
-        self.on_checkpoint = on_checkpoint
+        self.on_checkpoint, self.on_phase, self._last_phase = on_checkpoint, on_phase, ""
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
@@ -164,6 +166,7 @@ class Scheduler:
                 if batch is not None:
                     await self._train(batch, clock)
                     continue
+                await self._phase(f"step {self.policy.step + 1}: generating rollouts")
                 result = await self.source.next_finished()
                 if result.group_id in self.groups:
                     self.groups[result.group_id].results.append(result)
@@ -213,7 +216,17 @@ class Scheduler:
         finally:
             clock.add(part, time.perf_counter() - start)
 
+    async def _phase(self, phase: str) -> None:
+        if self.on_phase is None or phase == self._last_phase:
+            return
+        self._last_phase = phase
+        maybe = self.on_phase(phase)
+        if asyncio.iscoroutine(maybe):
+            await maybe
+
     async def _train(self, batch: list[_Group], clock: _Clock) -> None:
+        step = self.policy.step + 1
+        await self._phase(f"step {step}: training on {sum(len(g.results) for g in batch)} rollouts")
         for g in batch:
             del self.groups[g.request.group_id]
         rollouts = [r for g in batch for r in g.results]
@@ -232,6 +245,7 @@ class Scheduler:
             # while the weights swap, and their first calls wait at the paused engine (the proxy holds them).
             await self._admit()
             admitted = time.perf_counter()
+            await self._phase(f"step {step}: syncing weights to the engine")
             await self.engine.update_weights(self.policy.model, self.policy.version)
         finally:  # never leave harnesses' calls held by a paused engine, even when the update failed
             await self.engine.resume()
@@ -246,7 +260,10 @@ class Scheduler:
         self.reports.append(report)
         # Checkpoint and record land in the next step's wall time (time/checkpoint, time/record): they come
         # after the split that measured this one.
+        if self._checkpoint_due():
+            await self._phase(f"step {step}: saving a checkpoint")
         checkpoint = await self._on_trainer_thread(clock, "checkpoint", self._maybe_checkpoint)
+        await self._phase(f"step {step}: recording")
         if self.on_step is not None:
             recording = time.perf_counter()
             maybe = self.on_step(report)
@@ -288,11 +305,15 @@ class Scheduler:
         """The reward a rollout is trained with: failure_reward for a policy failure."""
         return self.config.failure_reward if rollout.failure_kind == POLICY_FAILURE else rollout.reward
 
+    def _checkpoint_due(self) -> bool:
+        every, step = self.config.checkpoint_every, self.policy.step
+        return self.checkpoint_dir is not None and (step == self.config.steps or bool(every and step % every == 0))
+
     def _maybe_checkpoint(self) -> Path | None:
         """The policy's checkpoint plus the scheduler's counters, written under a temporary name and renamed:
         a folder named step-NNNNNN is always complete."""
-        every, step = self.config.checkpoint_every, self.policy.step
-        if self.checkpoint_dir is None or not (step == self.config.steps or (every and step % every == 0)):
+        step = self.policy.step
+        if not self._checkpoint_due():
             return None
         path = Path(self.checkpoint_dir) / f"step-{step:06d}"
         partial = path.with_name(path.name + ".partial")
@@ -384,6 +405,16 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
     }
     for kind in ("clean", "realign", "fork"):
         metrics[f"drift/{kind}_rate"] = (later.count(kind) / len(later)) if later else 0.0
+        metrics[f"drift/{kind}_count"] = float(later.count(kind))
+    # A group teaches GRPO something only when its counted rewards differ; a rollout with no trained sample
+    # (an infrastructure failure, or nothing sampled) is dropped from the step.
+    by_group: dict[int, list[float]] = {}
+    for r in counted:
+        by_group.setdefault(r.group_id, []).append(reward_of(r))
+    metrics["groups/total"] = float(len({r.group_id for r in rollouts}))
+    metrics["groups/with_signal"] = float(sum(max(v) > min(v) for v in by_group.values()))
+    metrics["samples/trained"] = float(len(trained))
+    metrics["samples/dropped_rollouts"] = float(len({r.rollout_id for r in rollouts} - {t.rollout_id for t in trained}))
     return metrics
 
 

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from runs.services import DatasetRejected, InvalidTransition, NotOwned, ServiceError
+from runs.services import DatasetRejected, InUse, InvalidTransition, NotOwned, ServiceError
 
 
 def exception_handler(exc, context):
@@ -17,6 +17,8 @@ def exception_handler(exc, context):
         return _respond(status.HTTP_400_BAD_REQUEST, "invalid_dataset", str(exc), lines=exc.errors)
     if isinstance(exc, InvalidTransition):
         return _respond(status.HTTP_409_CONFLICT, "invalid_transition", str(exc))
+    if isinstance(exc, InUse):
+        return _respond(status.HTTP_409_CONFLICT, "in_use", str(exc))
     if isinstance(exc, NotOwned):
         return _respond(status.HTTP_400_BAD_REQUEST, "not_owned", str(exc))
     if isinstance(exc, ServiceError):

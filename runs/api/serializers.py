@@ -25,12 +25,24 @@ class OwnedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
         return selectors.owned(super().get_queryset(), self.context["request"].user)
 
 
+def _check_placeholders(what: str, text: str) -> None:
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
+    except ValueError as exc:
+        raise serializers.ValidationError(f"{what}: {exc}; write literal braces as {{{{ }}}}")
+    unknown = names - HARNESS_PLACEHOLDERS
+    if unknown:
+        raise serializers.ValidationError(
+            f"unknown placeholder(s) {sorted(unknown)}; available: {sorted(HARNESS_PLACEHOLDERS)}")
+
+
 class UniqueNameMixin:
     """Names are unique per owner: say so as a field error rather than failing on the constraint."""
 
     def validate_name(self, value):
         model = self.Meta.model
-        mine = model.objects.filter(owner=self.context["request"].user, name=value)
+        owner = self.instance.owner if self.instance is not None else self.context["request"].user  # staff edits
+        mine = model.objects.filter(owner=owner, name=value)
         if self.instance is not None:
             mine = mine.exclude(pk=self.instance.pk)
         if mine.exists():
@@ -58,14 +70,7 @@ class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
         if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
             raise serializers.ValidationError("must be a non-empty list of non-empty strings (an argv list)")
         for arg in value:
-            try:
-                names = {name for _, name, _, _ in string.Formatter().parse(arg) if name is not None}
-            except ValueError as exc:
-                raise serializers.ValidationError(f"argument {arg!r}: {exc}; write literal braces as {{{{ }}}}")
-            unknown = names - HARNESS_PLACEHOLDERS
-            if unknown:
-                raise serializers.ValidationError(
-                    f"unknown placeholder(s) {sorted(unknown)}; available: {sorted(HARNESS_PLACEHOLDERS)}")
+            _check_placeholders(f"argument {arg!r}", arg)
         return value
 
     def validate_env(self, value):
@@ -76,6 +81,7 @@ class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
                 raise serializers.ValidationError(f"{key!r} is not a valid environment variable name")
             if not isinstance(item, str):
                 raise serializers.ValidationError(f"value of {key} must be a string, got {type(item).__name__}")
+            _check_placeholders(f"value of {key}", item)  # the executor fills env values as it fills argv
         return value
 
     def validate_resources(self, value):

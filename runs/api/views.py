@@ -42,11 +42,17 @@ class HarnessViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     filterset_fields = ["executor"]
     create_service, update_service = services.create_harness, services.update_harness
 
+    def perform_destroy(self, instance):
+        services.delete_harness(instance, self.request.user)  # refused (409) while a run uses it
+
 
 class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     queryset = RewardScript.objects.all()
     serializer_class = s.RewardScriptSerializer
     create_service, update_service = services.create_reward_script, services.update_reward_script
+
+    def perform_destroy(self, instance):
+        services.delete_reward_script(instance, self.request.user)  # refused (409) while a run uses it
 
     @extend_schema(request=s.RewardTestSerializer, responses=s.RewardTestResultSerializer)
     @action(detail=True, methods=["post"])
@@ -64,6 +70,9 @@ class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
     queryset = Dataset.objects.all()
     serializer_class = s.DatasetSerializer
     parser_classes = [MultiPartParser, FormParser, JSONParser]
+
+    def perform_destroy(self, instance):
+        services.delete_dataset(instance, self.request.user)  # refused (409) while a run uses it
 
     @extend_schema(request={"multipart/form-data": s.DatasetUploadSerializer}, responses={201: s.DatasetSerializer})
     def create(self, request):

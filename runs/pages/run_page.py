@@ -192,6 +192,6 @@ urlpatterns = [
     path("runs/<int:run_id>/resume/", run_go_on, {"how": "resume"}, name="run-resume"),
     path("runs/<int:run_id>/continue/", run_go_on, {"how": "continue"}, name="run-continue"),
     path("runs/<int:run_id>/series/", run_metric_series, name="run-metric-series"),
-    path("runs/<int:run_id>/rollouts/", run_rollouts, name="run-rollouts"),
+    path("runs/<int:run_id>/rollouts/", run_rollouts, name="run-rollouts-table"),
     path("rollouts/<int:rollout_id>/", rollout_detail, name="rollout-detail"),
 ]

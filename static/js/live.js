@@ -8,9 +8,11 @@
 const MIN_DELAY = 500;
 const MAX_DELAY = 15000;
 
-export function connectLive(path, { onEvent, onOpen = async () => {}, replay = false } = {}) {
+// `after`: with `replay`, the seq to replay from on the first connect (a page drawn from the current state needs only
+// the recent events, not the run's whole history).
+export function connectLive(path, { onEvent, onOpen = async () => {}, replay = false, after = 0 } = {}) {
   const indicator = document.getElementById("live-indicator");
-  const live = { state: "connecting", reconnects: 0, lastSeq: 0, socket: null, received: 0 };
+  const live = { state: "connecting", reconnects: 0, lastSeq: after, socket: null, received: 0 };
   window.lightningLive = live;
   let delay = MIN_DELAY;
   let timer = null;

@@ -1,9 +1,13 @@
-// The run page: one websocket (live.js, replaying from the run's first event) feeds the header, the charts, the
-// rollouts table and the event log. `window.runPage` exposes the parts for tests.
+// The run page: one websocket (live.js) feeds the header, the charts, the rollouts table and the event log. The page
+// is drawn from the run's current state (header on the server, charts and table over HTTP), so the socket replays
+// only the last LOG_LINES events (for the event log) and what follows, not the run's whole history: a run with 10k
+// rollouts has tens of thousands of events. `window.runPage` exposes the parts for tests.
 import { connectLive } from "./live.js";
 import { RunCharts } from "./run_chart.js";
 import { EventLog, RunHeader } from "./run_events.js";
 import { RolloutsTable } from "./rollouts_table.js";
+
+const LOG_LINES = 500;
 
 export function startRunPage(config) {
   const header = new RunHeader(config);
@@ -14,6 +18,7 @@ export function startRunPage(config) {
   window.runPage = { header, log, charts, table };
   connectLive(`/ws/runs/${config.run}/`, {
     replay: true,
+    after: Math.max(0, config.last_seq - LOG_LINES),
     onEvent: (event) => {
       for (const part of parts) {
         try {

@@ -157,7 +157,7 @@ def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_r
     page.select_option("#id_harness", label="echo-agent")
     page.select_option("#id_dataset", label="words")
     page.select_option("#id_reward_script", label="random")
-    page.fill("#id_steps", "30")
+    page.fill("#id_steps", "1000")  # runs on until cancelled: a tiny step takes about a second
     page.click("#group-advanced > summary")
     for name, value in CONFIG.items():
         page.fill(f"#id_{name}", str(value))
@@ -167,7 +167,7 @@ def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_r
     page.click("#new-run button[type=submit]")
     page.wait_for_selector("#run-chart[data-ready='1']")
     run = Run.objects.get(name="first run")
-    assert page.url.endswith(f"/runs/{run.pk}/") and run.config["steps"] == 30
+    assert page.url.endswith(f"/runs/{run.pk}/") and run.config["steps"] == 1000
 
     # The charts gain points without a reload.
     page.wait_for_function(f"{REWARD_TRACE} >= 2", timeout=300000)
@@ -195,7 +195,7 @@ def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_r
     page.click("#clone-link")
     page.wait_for_selector("#clone-of")
     assert page.locator("#id_name").input_value() == "first run (clone)"
-    assert page.locator("#id_steps").input_value() == "30"
+    assert page.locator("#id_steps").input_value() == "1000"
     shot(page, "run-clone-form")
     page.click("#new-run button[type=submit]")
     page.wait_for_selector("#run-chart[data-ready='1']")

@@ -75,3 +75,37 @@ def test_anonymous_requests_are_refused(client):
     response = client.get(URL)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "not_authenticated"
+
+
+@pytest.mark.parametrize("kind", ["harnesses", "datasets", "reward-scripts"])
+def test_deleting_what_a_run_uses_is_refused_with_409_and_keeps_it(alice, alice_api, make_run, kind):
+    from runs.models import Dataset, Harness, RewardScript, Run
+
+    run = make_run(alice)
+    model, obj = {"harnesses": (Harness, run.harness), "datasets": (Dataset, run.dataset),
+                  "reward-scripts": (RewardScript, run.reward_script)}[kind]
+    response = alice_api.delete(f"/api/v1/{kind}/{obj.pk}/")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "in_use" and "run" in response.json()["error"]["message"]
+    assert model.objects.filter(pk=obj.pk).exists()
+    Run.objects.filter(pk=run.pk).delete()
+    assert alice_api.delete(f"/api/v1/{kind}/{obj.pk}/").status_code == 204
+    assert not model.objects.filter(pk=obj.pk).exists()
+
+
+def test_env_values_are_checked_for_placeholders_like_argv(alice_api):
+    for value, says in (("{bogus}", "unknown placeholder(s) ['bogus']"), ("a {b", "write literal braces")):
+        response = alice_api.post(URL, {"name": "h", "command": ["python"], "env": {"X": value}}, format="json")
+        assert response.status_code == 400 and says in response.json()["error"]["message"], response.json()
+    ok = alice_api.post(URL, {"name": "h", "command": ["python"], "env": {"URL": "{base_url}", "L": "{{x}}"}},
+                        format="json")
+    assert ok.status_code == 201 and ok.json()["env"] == {"URL": "{base_url}", "L": "{{x}}"}
+
+
+def test_staff_renaming_a_users_harness_to_a_name_the_user_has_gets_a_field_error(alice, staff_api, make_harness):
+    make_harness(alice, name="one")
+    two = make_harness(alice, name="two")
+    response = staff_api.patch(f"{URL}{two.pk}/", {"name": "one"}, format="json")
+    assert response.status_code == 400 and "name" in response.json()["error"]["fields"]
+    two.refresh_from_db()
+    assert two.name == "two"

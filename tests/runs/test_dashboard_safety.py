@@ -29,7 +29,7 @@ def pages(o):
     """(name, url) of every page that shows one of alice's objects."""
     return [
         ("run-detail", reverse("run-detail", args=[o["run"].pk])),
-        ("run-rollouts", reverse("run-rollouts", args=[o["run"].pk])),
+        ("run-rollouts", reverse("run-rollouts-table", args=[o["run"].pk])),
         ("run-metric-series", reverse("run-metric-series", args=[o["run"].pk])),
         ("rollout-detail", reverse("rollout-detail", args=[o["rollout"].pk])),
         ("run-compare", reverse("run-compare") + f"?ids={o['run'].pk},{o['other'].pk}"),
