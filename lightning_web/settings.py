@@ -99,7 +99,8 @@ CHANNEL_LAYERS = {
     }
 }
 
-CELERY_BROKER_URL = REDIS_URL
+# The queues live on REDIS_URL too, unless CELERY_BROKER_URL names another database (tests keep theirs apart).
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", ("redis", "rediss")) or REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "default"

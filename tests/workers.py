@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connection
 
 from common.procs import kill_groups, pids_matching
@@ -27,7 +28,9 @@ class Workers:
         self.logs, self.procs = tmp_path / "logs", []
         self.logs.mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        self.env.update(DATABASE_URL=database_url(), REDIS_URL=celery_app.conf.broker_url,
+        # The tests' queues (their own Redis database), and the channel layer the tests and a live server use.
+        self.env.update(DATABASE_URL=database_url(), REDIS_URL=settings.REDIS_URL,
+                        CELERY_BROKER_URL=celery_app.conf.broker_url,
                         LIGHTNING_DATA_DIR=str(tmp_path / "data"), CHANNELS_PREFIX="lightning-test",
                         LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
                         LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")

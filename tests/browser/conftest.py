@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection
 
 from common.procs import free_port
+from lightning_web.celery import app as celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -32,6 +33,7 @@ def live_url(transactional_db, models_dir, tmp_path):
     """The app served by daphne in its own process, reading and writing the test database."""
     port = free_port()
     env = dict(os.environ, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
+               CELERY_BROKER_URL=celery_app.conf.broker_url,  # runs it enqueues go to the tests' queues
                CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
                LIGHTNING_DATA_DIR=str(settings.DATA_DIR), LIGHTNING_MODELS_DIR=str(models_dir))
     log = open(tmp_path / "daphne.log", "w")

@@ -81,6 +81,17 @@ def wait_db(condition, what: str, workers: Workers, timeout: float = 300):
     raise AssertionError(f"timed out waiting for {what}\n{workers.tails()}")
 
 
+def wait_page(page, condition: str, run: Run, workers: Workers, timeout: float) -> None:  # noqa: F811
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(condition, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        run.refresh_from_db()
+        raise AssertionError(f"timed out waiting for {condition}: run {run.status} step {run.step} "
+                             f"phase {run.phase!r} error {run.error!r}\n{workers.tails()}") from None
+
+
 def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_registered, workers,  # noqa: F811
                                                    tmp_path):
     errors = []
@@ -170,9 +181,9 @@ def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_r
     assert page.url.endswith(f"/runs/{run.pk}/") and run.config["steps"] == 1000
 
     # The charts gain points without a reload.
-    page.wait_for_function(f"{REWARD_TRACE} >= 2", timeout=300000)
+    wait_page(page, f"{REWARD_TRACE} >= 2", run, workers, timeout=300)
     points = page.evaluate(REWARD_TRACE)
-    page.wait_for_function(f"{REWARD_TRACE} > {points}", timeout=120000)
+    wait_page(page, f"{REWARD_TRACE} > {points}", run, workers, timeout=120)
     assert page.locator("#run-status").inner_text() == "running"
     assert page.evaluate("window.lightningLive.state") == "live"
     shot(page, "run-live")

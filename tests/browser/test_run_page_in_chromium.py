@@ -24,9 +24,9 @@ def step_metrics(step: int) -> dict[str, float]:
         "actor/grad_norm": 0.5, "actor/clip_frac": 0.1, "actor/ratio_mean": 1.0, "is/weight_mean": 0.98,
         "is/truncated_frac": 0.01, "mismatch/logprob_abs": 0.02, "mismatch/kl": 0.001,
         "length/completion_tokens_mean": 100.0 + step, "length/sample_tokens_mean": 300.0,
-        "rollout/calls_mean": 2.0, "train/samples": 16.0, "advantage/zero_frac": 0.25,
-        "rollout/infra_failures": 0.0, "rollout/policy_failures": 1.0, "drift/realign_rate": 0.0,
-        "drift/fork_rate": 0.0, "time/step": 10.0, "time/generate": 6.0, "time/train": 2.0, "time/sync": 0.5,
+        "rollout/calls_mean": 2.0, "train/samples": 16.0, "groups/with_signal": 3.0,
+        "samples/dropped_rollouts": 1.0, "rollout/policy_failures": 1.0, "drift/realign_count": 2.0,
+        "drift/fork_count": 0.0, "drift/clean_count": 5.0, "time/step": 10.0, "time/generate": 6.0, "time/train": 2.0, "time/sync": 0.5,
         "time/build_samples": 0.2, "time/checkpoint": 0.1, "time/record": 0.1, "time/idle": 1.1,
         "rollout/generated_tokens_per_s": 800.0, "train/tokens_per_s": 5000.0, "staleness/mean": 0.5,
     }
@@ -88,9 +88,11 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
     policy, data, system = (traces(page, p) for p in PANELS[1:])
     assert {"loss", "clip fraction", "importance ratio (mean)", "TIS weight (mean)", "engine–trainer |Δ logprob|",
             "entropy", "grad norm"} <= set(policy)
-    assert data["rollouts with signal (fraction)"]["y"] == pytest.approx([0.75] * 3)
-    assert {"response length (tokens, mean)", "calls per rollout", "samples per step",
-            "dropped (infra failures)", "drift: realign rate"} <= set(data)
+    assert data["groups with signal (rewards differ)"]["y"] == pytest.approx([3.0] * 3)
+    assert data["dropped rollouts (no trained sample)"]["y"] == pytest.approx([1.0] * 3)
+    assert data["drift: realigns"]["y"] == pytest.approx([2.0] * 3)
+    assert {"response length (tokens, mean)", "calls per rollout", "samples per step", "drift: forks",
+            "drift: clean appends", "policy failures"} <= set(data)
     assert system["samples, checkpoint, record"]["y"] == pytest.approx([0.4] * 3)
     assert {"generate", "train", "sync", "idle", "generated tokens/s", "staleness (mean)"} <= set(system)
     assert all(len(t["x"]) == 3 for t in policy.values())

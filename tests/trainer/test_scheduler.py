@@ -304,3 +304,22 @@ async def test_it_launches_the_next_groups_while_the_engine_is_paused_at_the_ver
     # Step 2's harnesses start up during step 1's weight swap; their calls wait for the resume.
     assert engine.events == ["launch:0@0", "launch:1@0", "pause", "launch:2@1", "launch:3@1", "update:1", "resume",
                              "pause", "update:2", "resume"]
+
+
+def test_rollout_metrics_count_groups_with_signal_dropped_rollouts_and_drift():
+    from types import SimpleNamespace
+
+    from trainer.scheduler import TrainedSample, rollout_metrics
+
+    def result(group, rollout, reward, kind=""):
+        return RolloutResult(group, rollout, (CallRecord(0, (1,), (2,), (-0.1,)),), reward, failure_kind=kind)
+
+    rollouts = [result(0, "a", 1.0), result(0, "b", 0.0),  # rewards differ: signal
+                result(1, "c", 1.0), result(1, "d", 1.0),  # all alike: none
+                result(2, "e", 0.0), result(2, "f", 1.0, "infra")]  # the infra failure does not count
+    trained = [TrainedSample(r, SimpleNamespace(token_ids=[1, 2]), 0.0, 0) for r in ("a", "b", "c", "d", "e")]
+    drift = {"a": {0: "clean", 1: "realign", 2: "fork"}, "b": {0: "clean", 1: "clean"}}
+    m = rollout_metrics(rollouts, trained, drift, pass_threshold=1.0)
+    assert (m["groups/total"], m["groups/with_signal"]) == (3.0, 1.0)
+    assert (m["samples/trained"], m["samples/dropped_rollouts"]) == (5.0, 1.0)
+    assert (m["drift/clean_count"], m["drift/realign_count"], m["drift/fork_count"]) == (1.0, 1.0, 1.0)
