@@ -13,6 +13,18 @@ from typing import Any
 from common.procs import signal_group
 
 TAIL_BYTES = 16 * 1024
+PLACEHOLDERS: dict[str, str] = {
+    "task_file": "path of a JSON file holding the task (its reward-only fields left out)",
+    "output_file": "where the harness writes its outcome: the JSON object the reward script receives",
+    "task_id": "the task's id in its dataset",
+    "workdir": "the rollout's own working folder (also its HOME and TMPDIR)",
+    "base_url": "the rollout's OpenAI-compatible base URL (…/rollouts/<id>/v1) on the proxy",
+    "api_key": "the rollout's own API key for that URL",
+    "model": "the model name to ask the proxy for",
+    "rollout_id": "the rollout's id",
+}
+"""The `{placeholders}` a harness argv or env value may use (filled per attempt below) and what each stands for:
+the API's validation and the harness page's list both read this."""
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 
 
@@ -53,6 +65,7 @@ class LocalExecutor:
         values = {"task_file": str(task_file), "output_file": str(output_file), "task_id": attempt.task_id,
                   "workdir": str(attempt.workdir), "base_url": attempt.base_url, "api_key": attempt.api_key,
                   "model": attempt.model, "rollout_id": attempt.rollout_id}
+        assert values.keys() == PLACEHOLDERS.keys(), "PLACEHOLDERS names what the executor fills"
         argv = [arg.format(**values) for arg in attempt.command]
         started = time.monotonic()
         try:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from runs import events
-from runs.models import FailureKind, Metric, Rollout, RolloutStatus, Run, RunEvent, Split, Task
+from runs.models import Dataset, FailureKind, Metric, Rollout, RolloutStatus, Run, RunEvent, Split, Task
 from trainer.config import TrainerConfig
 
 
@@ -75,3 +76,14 @@ def validation_grid(run: Run) -> dict[str, Any]:
     return {"pass_threshold": threshold, "steps": steps,
             "tasks": [{"task": t["pk"], "external_id": t["external_id"], "index": t["index"],
                        "cells": [cells.get((t["pk"], step)) for step in steps]} for t in tasks]}
+
+
+def browse_tasks(dataset: Dataset, split: str = "", query: str = ""):
+    """The dataset's tasks in file order, filtered by split and by text in the id or the task's JSON, in SQL."""
+    tasks = Task.objects.filter(dataset=dataset).order_by("index")
+    if split:
+        tasks = tasks.filter(split=split)
+    if query:
+        tasks = tasks.annotate(data_text=Cast("data", TextField())).filter(
+            Q(external_id__icontains=query) | Q(data_text__icontains=query))
+    return tasks.only("pk", "index", "external_id", "split", "data")

@@ -10,11 +10,11 @@ from rest_framework import serializers
 
 from runs import selectors
 from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names
+from runs.executor import PLACEHOLDERS
 from runs.models import (Dataset, Executor, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample,
                          Task)
 
-HARNESS_PLACEHOLDERS = frozenset({"task_file", "task_id", "output_file", "workdir", "base_url", "api_key", "model",
-                                  "rollout_id"})
+HARNESS_PLACEHOLDERS = frozenset(PLACEHOLDERS)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -9,8 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db import IntegrityError
-from django.db.models import Count, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_POST
@@ -61,7 +60,7 @@ def dataset_detail(request, dataset_id: int):
     split = request.GET.get("split", "")
     split = split if split in Split.values else ""
     query = request.GET.get("q", "").strip()[:200]
-    page = Paginator(browse_tasks(dataset, split, query), TASKS_PER_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(selectors.browse_tasks(dataset, split, query), TASKS_PER_PAGE).get_page(request.GET.get("page"))
     hidden = dataset.reward_only_fields
     return render(request, "resources/dataset_detail.html", {
         "dataset": dataset, "split": split, "q": query, "page": page,
@@ -82,17 +81,6 @@ def dataset_delete(request, dataset_id: int):
         return redirect("dataset-detail", dataset_id=dataset.pk)
     messages.success(request, f"Dataset {dataset.name!r} deleted.")
     return redirect("dataset-list")
-
-
-def browse_tasks(dataset: Dataset, split: str = "", query: str = ""):
-    """The dataset's tasks in file order, filtered by split and by text in the id or the task's JSON, in SQL."""
-    tasks = Task.objects.filter(dataset=dataset).order_by("index")
-    if split:
-        tasks = tasks.filter(split=split)
-    if query:
-        tasks = tasks.annotate(data_text=Cast("data", TextField())).filter(
-            Q(external_id__icontains=query) | Q(data_text__icontains=query))
-    return tasks.only("pk", "index", "external_id", "split", "data")
 
 
 @dataclass(frozen=True)

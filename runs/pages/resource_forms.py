@@ -12,26 +12,12 @@ from django_ace import AceWidget
 
 from runs import selectors
 from runs.api.serializers import HARNESS_PLACEHOLDERS, HarnessSerializer, RewardScriptSerializer
-from runs.executor import TAIL_BYTES
+from runs.executor import PLACEHOLDERS, TAIL_BYTES
 from runs.models import Dataset, Executor, Task
-
-PLACEHOLDER_MEANINGS = {
-    "task_file": "path of a JSON file holding the task (its reward-only fields left out)",
-    "output_file": "where the harness writes its outcome: the JSON object the reward script receives",
-    "task_id": "the task's id in its dataset",
-    "workdir": "the rollout's own working folder (also its HOME and TMPDIR)",
-    "base_url": "the rollout's OpenAI-compatible base URL (…/rollouts/<id>/v1) on the proxy",
-    "api_key": "the rollout's own API key for that URL",
-    "model": "the model name to ask the proxy for",
-    "rollout_id": "the rollout's id",
-}
-"""What each placeholder the executor fills (runs.executor, named in HARNESS_PLACEHOLDERS) stands for; a test keeps
-the three in step."""
-
 
 def placeholders() -> list[dict[str, str]]:
     """The placeholders a harness argv or env value may use, as the page lists them."""
-    return [{"name": name, "token": "{" + name + "}", "meaning": PLACEHOLDER_MEANINGS.get(name, "")}
+    return [{"name": name, "token": "{" + name + "}", "meaning": PLACEHOLDERS[name]}
             for name in sorted(HARNESS_PLACEHOLDERS)]
 
 

@@ -11,7 +11,7 @@ from runs import services
 from runs.api.serializers import HARNESS_PLACEHOLDERS
 from runs.executor import Attempt, LocalExecutor
 from runs.models import Harness
-from runs.pages.resource_forms import PLACEHOLDER_MEANINGS
+from runs.executor import PLACEHOLDERS as PLACEHOLDER_MEANINGS
 
 pytestmark = pytest.mark.django_db
 
