@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
+from django.http import JsonResponse
 from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
@@ -43,6 +44,8 @@ def compare_runs(request):
     colors = {run.pk: COLORS[i] for i, run in enumerate(runs)}
     chart = {"runs": [{"id": run.pk, "name": run.name, "color": colors[run.pk]} for run in runs],
              "series": series}
+    if request.GET.get("format") == "json":  # the page's backfill after its live feed (re)connects
+        return JsonResponse(chart)
     return render(request, "runs/compare.html", {
         "runs": [{"run": run, "color": colors[run.pk]} for run in runs],
         "groups": metric_groups(series),

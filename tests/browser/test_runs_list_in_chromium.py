@@ -109,6 +109,13 @@ def test_the_runs_list_is_live_reconnects_compares_and_bulk_cancels(page, live_u
     assert page.locator("#config-diff tr.config").evaluate_all("rows => rows.map(r => r.dataset.key)") == [
         "learning_rate"]
     assert page.evaluate("window.__xss") is None
+    # Live: a new point of a compared run extends its trace without a reload (the runs feed).
+    page.wait_for_selector("#live-indicator[data-state=live]", timeout=15000)
+    services.record_metrics(trained.pk, 50, {"reward/mean": 0.99})
+    page.wait_for_function("document.querySelector(\".compare-chart[data-metric='reward/mean']\").data[0].x"
+                           ".length === 6", timeout=15000)
+    assert page.evaluate("document.querySelector(\".compare-chart[data-metric='reward/mean']\").data[0].y.at(-1)"
+                         ) == pytest.approx(0.99)
     page.screenshot(path=str(SHOTS / "runs_compare.png"), full_page=True)
 
     # Bulk cancel two queued runs.

@@ -205,3 +205,20 @@ def test_runs_without_metrics_say_so(client, alice, kit):
     page = client.get(f"/runs/compare/?ids={a.pk},{b.pk}").content.decode()
     assert 'id="no-metrics"' in page and chart_data(page)["series"] == {}
     assert 'class="compare-chart"' not in page
+
+
+def test_the_comparison_answers_its_series_as_json_for_the_live_backfill(alice, make_run):
+    from django.test import Client
+
+    runs = [make_run(alice, name=f"r{i}") for i in range(2)]
+    services.record_metrics(runs[0].pk, 1, {"reward/mean": 0.5})
+    services.record_metrics(runs[0].pk, 2, {"reward/mean": 0.75})
+    client = Client()
+    client.force_login(alice)
+    response = client.get(f"/runs/compare/?ids={runs[0].pk},{runs[1].pk}&format=json")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    body = response.json()
+    assert [r["id"] for r in body["runs"]] == [runs[0].pk, runs[1].pk]
+    series = body["series"]["reward/mean"][str(runs[0].pk)]
+    assert sorted(zip(map(int, series["x"].split(",")), map(float, series["y"].split(",")))) == [(1, 0.5), (2, 0.75)]
+    assert str(runs[1].pk) not in body["series"]["reward/mean"]
