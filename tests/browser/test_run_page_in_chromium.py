@@ -115,7 +115,7 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
     assert page.locator("#run-step").inner_text() == "4" and page.locator("#run-policy-version").inner_text() == "4"
     assert page.locator("#run-phase").inner_text() == "step 5: generating rollouts and training"
     assert page.locator("#events li").last.inner_text().endswith("step 4: reward/mean 0.400 · reward/std 0.0500 · "
-                                                                  "loss/total 0.250 · time/step 10 … (+27 more)")
+                                                                  "loss/total 0.250 · time/step 10 … (+28 more)")
 
     # EMA smoothing changes the drawn values (debiased: the first point stays as it was).
     raw = traces(page)["train reward (mean of the step)"]["y"]

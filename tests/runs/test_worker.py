@@ -12,7 +12,7 @@ from runs.tasks import execute_run
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 
-def wait_for(run_id, statuses, timeout=20):
+def wait_for(run_id, statuses, timeout=90):  # a loaded CI machine: claim and fail take seconds each
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run = Run.objects.get(pk=run_id)
