@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
@@ -477,10 +478,18 @@ def rewind_run(run_id: int, step: int, lost: Q, reason: str) -> dict[str, Any]:
 
 
 def record_metrics(run_id: int, step: int, values: dict[str, float]) -> None:
+    """Store a step's metrics. A NaN or infinite value (a diverged loss) is not a number JSON or SQLite can hold:
+    it is left out of the rows and named in the event's `non_finite`, so the run goes on and the page says so."""
+    finite = {n: float(v) for n, v in values.items() if math.isfinite(float(v))}
+    non_finite = sorted(set(values) - set(finite))
+    if non_finite:
+        logger.warning("run %s step %s: non-finite metrics left out: %s", run_id, step, ", ".join(non_finite))
     with transaction.atomic():
-        Metric.objects.bulk_create([Metric(run_id=run_id, step=step, name=n, value=float(v))
-                                    for n, v in values.items()])
-        emit_event(run_id, events.RUN_METRICS, {"step": step, "values": {n: float(v) for n, v in values.items()}})
+        Metric.objects.bulk_create([Metric(run_id=run_id, step=step, name=n, value=v) for n, v in finite.items()])
+        payload = {"step": step, "values": finite}
+        if non_finite:
+            payload["non_finite"] = non_finite
+        emit_event(run_id, events.RUN_METRICS, payload)
 
 
 STEP_BATCH = 200  # rows per transaction in record_step and lose_rollouts: a few hundred keeps each lock short

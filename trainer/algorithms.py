@@ -57,6 +57,8 @@ def compute_advantages(name: str, rewards: Tensor, group_index: Tensor, eps: flo
                        ) -> tuple[Tensor, Metrics]:
     """Advantage per rollout (N,). Failed rollouts belong in `rewards` too: they stay in their group's baseline."""
     advantages = _lookup(ADVANTAGES, "advantage estimator", name)(rewards.double(), group_index, eps).to(rewards.dtype)
+    if advantages.numel() == 0:  # every rollout of the step was left out: nothing to average (no NaN metrics)
+        return advantages, {"advantage/mean": 0.0, "advantage/abs_mean": 0.0, "advantage/zero_frac": 1.0}
     metrics = {"advantage/mean": advantages.mean().item(), "advantage/abs_mean": advantages.abs().mean().item(),
                "advantage/zero_frac": (advantages == 0).double().mean().item()}
     return advantages, metrics

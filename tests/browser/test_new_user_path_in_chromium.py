@@ -6,7 +6,6 @@ the new-run form; a real Celery worker runs it on vLLM; the charts gain points w
 from the table; cancel; clone; compare the two runs. Every page is screenshotted and any console error fails it.
 """
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from runs.models import Dataset, Harness, RewardScript, Run
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
-from tests.workers import Workers
+from tests.workers import Workers, wait_db, workers  # noqa: F401  (the workers fixture)
 from trainer.engine import default_engine_venv
 
 pytestmark = [
@@ -51,34 +50,23 @@ REWARD_TRACE = ("(() => { const t = document.getElementById('run-chart').data"
 
 
 @pytest.fixture
+def models_dir(tmp_path, settings):
+    """This test's own registry (the live server, the workers and this process all read it). The session's shared
+    registry keeps its weightless `tiny`, which other tests rely on (tests/runs/test_worker.py fails a run on it)."""
+    settings.LIGHTNING_MODELS_DIR = tmp_path / "registry"
+    return settings.LIGHTNING_MODELS_DIR
+
+
+@pytest.fixture
 def tiny_registered(models_dir):
     from trainer.models import build_tiny_model
 
     return build_tiny_model(models_dir / "tiny", seed=0, name="tiny")
 
 
-@pytest.fixture
-def workers(tmp_path, test_redis, settings, models_dir):
-    pool = Workers(tmp_path)
-    pool.env.update(LIGHTNING_MODELS_DIR=str(models_dir),
-                    CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"])
-    settings.LIGHTNING_RUNS_DIR = pool.runs_dir
-    yield pool
-    pool.stop()
-
-
 def shot(page, name: str) -> None:  # noqa: F811
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"path-{name}.png"), full_page=True)
-
-
-def wait_db(condition, what: str, workers: Workers, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}\n{workers.tails()}")
 
 
 def wait_page(page, condition: str, run: Run, workers: Workers, timeout: float) -> None:  # noqa: F811

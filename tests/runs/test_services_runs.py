@@ -171,3 +171,11 @@ def test_metrics_are_stored_and_announced(alice, make_run):
     assert sorted(run.metrics.values_list("step", "name", "value")) == [(2, "loss/policy", -0.1), (2, "reward/mean", 0.5)]
     assert run.events.last().kind == "run.metrics"
     assert run.events.last().payload == {"step": 2, "values": {"reward/mean": 0.5, "loss/policy": -0.1}}
+
+
+def test_a_non_finite_metric_is_left_out_and_named_not_a_crash(alice, make_run):
+    run = make_run(alice)  # PostgreSQL's json refuses NaN: a step with a diverged loss failed the whole run
+    services.record_metrics(run.pk, 3, {"reward/mean": 0.25, "loss/policy": float("nan"), "grad/norm": float("inf")})
+    assert list(run.metrics.values_list("step", "name", "value")) == [(3, "reward/mean", 0.25)]
+    assert run.events.last().payload == {"step": 3, "values": {"reward/mean": 0.25},
+                                         "non_finite": ["grad/norm", "loss/policy"]}

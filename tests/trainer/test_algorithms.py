@@ -30,6 +30,13 @@ def test_it_keeps_a_failed_rollout_in_its_group_baseline():
     assert broadcast_to_samples(advantages, samples_of).tolist() == pytest.approx([0.75, 0.75, 0.0])
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_a_step_with_every_rollout_left_out_has_finite_advantage_metrics(name):
+    advantages, metrics = compute_advantages(name, torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert advantages.shape == (0,)
+    assert metrics == {"advantage/mean": 0.0, "advantage/abs_mean": 0.0, "advantage/zero_frac": 1.0}
+
+
 def test_it_gives_zero_advantage_to_a_group_of_one():
     for name in ("grpo", "rloo"):
         assert compute_advantages(name, torch.tensor([1.0]), torch.tensor([0]))[0].tolist() == [0.0]
