@@ -245,6 +245,12 @@ class Rollout(models.Model):
                   "reward script (left out of the loss and the baseline)")
     secret_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the rollout's API key")
     call_count = models.PositiveIntegerField(default=0)
+    trained_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The training step whose batch held this rollout (trained or dropped)")
+    drop_reason = models.CharField(
+        max_length=500, blank=True,
+        help_text="Why the rollout gave that step no trained sample ('infra_failure: ...', 'no_sampled_tokens'); "
+                  "'' when trained or not yet in a step")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -253,6 +259,7 @@ class Rollout(models.Model):
         ordering = ["run", "step", "group", "attempt", "id"]
         indexes = [
             models.Index(fields=["run", "step"], name="rollout_run_step"),
+            models.Index(fields=["run", "trained_step", "group", "attempt"], name="rollout_run_trained_step"),
             models.Index(fields=["run", "split", "status"], name="rollout_run_split_status"),
             # The run page's rollouts table (runs.rollout_queries.SORTS) reads a page straight from these in every
             # order but ascending duration: newest/oldest, reward, -reward, calls/-calls (one index both ways:
@@ -312,8 +319,17 @@ class Sample(models.Model):
     token_ids = models.JSONField(default=list)
     loss_mask = models.JSONField(default=list)
     logprobs = models.JSONField(default=list, help_text="Behaviour logprobs aligned to token_ids")
+    trainer_logprobs = models.JSONField(
+        default=list, blank=True,
+        help_text="The trainer's logprob of each trained token before the step's update, aligned to token_ids "
+                  "(null where the token is not a loss token); [] where not recorded")
     advantage = models.FloatField(default=0.0)
     call_seqs = models.JSONField(default=list, help_text="Seqs of the calls merged into this sample")
+    spans = models.JSONField(
+        default=list, blank=True,
+        help_text="[call_seq, start, end, sampled] of each token span: which call it came from, prompt or sampled; "
+                  "[] for samples recorded before spans were")
+    step = models.PositiveIntegerField(null=True, blank=True, help_text="The training step that trained it")
     build = models.CharField(max_length=10, choices=SampleBuild.choices, default=SampleBuild.SINGLE)
     policy_version = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

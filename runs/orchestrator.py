@@ -158,7 +158,8 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
         # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
         report.metrics["proxy/sampling_overridden_calls"] = float(overridden.delta())
         await db(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
-                                               _sample_rows(report), _drift_rows(report), report.metrics)
+                                               _sample_rows(report), _drift_rows(report), report.metrics,
+                                               _batch_rows(report))
         await _log(run.pk, f"step {report.policy_version}/{config.steps}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)
@@ -191,9 +192,15 @@ class _Counter:
 def _sample_rows(report: scheduler.StepReport) -> list[dict]:
     return [{"rollout_id": int(t.rollout_id), "token_ids": list(t.sample.token_ids),
              "loss_mask": list(t.sample.loss_mask), "logprobs": list(t.sample.logprobs), "advantage": t.advantage,
-             "call_seqs": list(t.sample.call_seqs), "build": t.sample.build,
-             "policy_version": max([v for v in t.sample.versions if v >= 0], default=0)}
+             "trainer_logprobs": list(t.trainer_logprobs), "call_seqs": list(t.sample.call_seqs),
+             "spans": [[s.call_seq, s.start, s.end, s.sampled] for s in t.sample.spans], "build": t.sample.build,
+             "step": report.step, "policy_version": max([v for v in t.sample.versions if v >= 0], default=0)}
             for t in report.samples]
+
+
+def _batch_rows(report: scheduler.StepReport) -> dict[int, str]:
+    """Every rollout of the step's batch -> why it gave no trained sample ('' when it gave one)."""
+    return {int(r.rollout_id): report.dropped.get(r.rollout_id, "") for r in report.rollouts if r.rollout_id}
 
 
 def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:

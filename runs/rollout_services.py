@@ -136,8 +136,11 @@ def cancel_unfinished_rollouts(run_id: int, error: str) -> int:
 
 
 def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
-                metrics: dict[str, float]) -> None:
+                metrics: dict[str, float], batch: dict[int, str] | None = None) -> None:
     """Store one training step: its samples, the drift class of every call it read, metrics, step and version.
+
+    `batch` maps every rollout of the step's batch to why it gave no trained sample ('' when it gave one): they
+    get `trained_step` and `drop_reason` (the step page lists the groups and what was dropped).
 
     A few queries per STEP_BATCH rows (runs.services; never one per rollout or call), each write batch its own
     short transaction, so the proxy's recorder, writing ModelCall rows meanwhile, never waits long. The run's
@@ -149,13 +152,25 @@ def record_step(run_id: int, step: int, policy_version: int, samples: list[dict]
     for sample in samples:
         rows.append(Sample(index=next_index[sample["rollout_id"]], **sample))
         next_index[sample["rollout_id"]] += 1
-    for batch in services.batches(rows, services.STEP_BATCH):
+    for chunk in services.batches(rows, services.STEP_BATCH):
         with transaction.atomic():
-            Sample.objects.bulk_create(batch)
+            Sample.objects.bulk_create(chunk)
     _store_drift(drift)
+    _store_batch(run_id, step, batch or {})
     with transaction.atomic():
         Run.objects.filter(pk=run_id).update(step=step, policy_version=policy_version, updated_at=timezone.now())
         services.record_metrics(run_id, step, metrics)
+
+
+def _store_batch(run_id: int, step: int, batch: dict[int, str]) -> None:
+    """trained_step (and drop_reason) of the step's rollouts: one update per distinct reason and STEP_BATCH rows."""
+    by_reason: dict[str, list[int]] = {}
+    for rollout_id, reason in batch.items():
+        by_reason.setdefault(reason[:500], []).append(int(rollout_id))
+    for reason, ids in by_reason.items():
+        for chunk in services.batches(sorted(ids), services.STEP_BATCH):
+            with transaction.atomic():
+                Rollout.objects.filter(run_id=run_id, pk__in=chunk).update(trained_step=step, drop_reason=reason)
 
 
 def _next_sample_indexes(rollout_ids: set[int]) -> dict[int, int]:

@@ -167,6 +167,8 @@ class Policy:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
         self.reference = _frozen_copy(model) if config.kl_coef > 0 else None
+        self.trained_logprobs: list[list[float | None]] = []
+        """After train_step: each sample's trainer logprob of its loss tokens before the update (None elsewhere)."""
         if config.gradient_checkpointing:  # after the copy: the reference never runs backward
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         logger.info("micro-batches of at most %d padded positions (micro_batch_tokens=%d, max_train_memory_gb=%s, "
@@ -194,6 +196,7 @@ class Policy:
         """
         start = time.perf_counter()
         if not samples:  # every rollout failed: nothing to learn from, but the step still counts
+            self.trained_logprobs = []
             self.step += 1
             return {"train/samples": 0, "train/tokens": 0, "train/seconds": 0.0}
         reset_peak_rss()
@@ -202,10 +205,11 @@ class Policy:
         rollout = torch.tensor(rollouts, dtype=torch.long)  # (S,)
         norm = self.config.loss_norm_tokens or max(1, max(s.num_loss_tokens for s in samples))
         old = self._old_logprobs(samples)
+        self.trained_logprobs = [[None] * len(s.token_ids) for s in samples]
         totals = _MetricSum(sum_losses=False)  # mini-batch losses are each a mean: average them
         for part in _split(len(samples), self.config.updates_per_step):
             totals.add(self._update([samples[i] for i in part], adv[part], rollout[part], norm,
-                                    None if old is None else [old[i] for i in part]))
+                                    None if old is None else [old[i] for i in part], part))
         self.step += 1
         seconds = time.perf_counter() - start
         release_free_memory()  # the activations are gone: let RSS fall while the engine generates
@@ -228,16 +232,21 @@ class Policy:
         return out
 
     def _update(self, samples: list[Sample], adv: Tensor, rollout: Tensor, norm: int,
-                old: list[Tensor] | None) -> Metrics:
-        """Accumulate gradients over packed micro-batches, clip, and take one optimizer step."""
+                old: list[Tensor] | None, part: Sequence[int]) -> Metrics:
+        """Accumulate gradients over packed micro-batches, clip, and take one optimizer step.
+
+        `part[i]` is the index of samples[i] in the step's samples (trained_logprobs is kept by that index).
+        """
         owner = pack(samples).sample_index  # (M,) over the whole mini-batch, for global loss weights
         weights = loss_weights(self.config.loss_agg, torch.ones(len(owner)), owner, rollout[owner], norm).float()
         totals, offset = _MetricSum(), 0
         for indices in micro_batches(samples, self.micro_batch_positions):
             batch = pack([samples[i] for i in indices], first_index=indices[0])
             m = len(batch.targets)
-            metrics = self._backward(batch, adv[batch.sample_index], weights[offset:offset + m],
-                                     None if old is None else torch.cat([old[i] for i in indices]))
+            before = None if old is None else torch.cat([old[i] for i in indices])
+            metrics, logp = self._backward(batch, adv[batch.sample_index], weights[offset:offset + m], before)
+            self._keep_logprobs([samples[i] for i in indices], [part[i] for i in indices],
+                                logp if before is None else before)
             metrics["train/tokens"] = batch.num_tokens
             totals.add(metrics, weight=m)
             offset += m
@@ -267,7 +276,19 @@ class Policy:
         metrics["loss/total"] = loss.item()
         metrics["actor/entropy"] = entropy.mean().item() if len(entropy) else 0.0
         metrics["train/loss_tokens"] = len(batch.targets)
-        return metrics
+        return metrics, logp.detach()
+
+    def _keep_logprobs(self, chunk: list[Sample], step_indices: list[int], logp: Tensor) -> None:
+        """Store the trainer's logprob of each loss token (before the update) at its position in its sample.
+
+        `logp` lists the loss tokens of `chunk` in sample order, as `pack` does (loss_mask 1 and position > 0).
+        """
+        values = iter(logp.float().cpu().tolist())
+        for sample, k in zip(chunk, step_indices):
+            row = self.trained_logprobs[k]
+            for t, m in enumerate(sample.loss_mask):
+                if m and t > 0:
+                    row[t] = next(values)
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -9,7 +9,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, Sequence
 
@@ -100,6 +100,8 @@ class TrainedSample:
     sample: Sample
     advantage: float
     staleness: int
+    trainer_logprobs: tuple[float | None, ...] = ()
+    """The trainer's logprob of each loss token before the step's update (None elsewhere); () if not measured."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class StepReport:
     drift: dict[str, dict[int, str]]
     """rollout_id -> call seq -> 'clean' | 'realign' | 'fork'."""
     metrics: dict[str, float]
+    dropped: dict[str, str] = field(default_factory=dict)
+    """rollout_id -> why that rollout of the batch gave no trained sample (see dropped_rollouts)."""
 
 
 @dataclass
@@ -238,6 +242,9 @@ class Scheduler:
         metrics = await asyncio.get_running_loop().run_in_executor(
             self._trainer_thread, self.policy.train_step, samples, [t.advantage for t in trained], rollout_index)
         train_end = time.perf_counter()
+        measured = getattr(self.policy, "trained_logprobs", None)
+        if measured is not None and len(measured) == len(trained):
+            trained = [replace(t, trainer_logprobs=tuple(lp)) for t, lp in zip(trained, measured)]
         await self.engine.pause()  # every call in flight finishes on the weights that admitted it
         drained = time.perf_counter()
         try:
@@ -256,7 +263,8 @@ class Scheduler:
         metrics["time/drain"] = drained - train_end
         generated = sum(len(c.completion_ids) for r in rollouts for c in r.calls)
         metrics["rollout/generated_tokens_per_s"] = generated / max(metrics["time/step"], 1e-9)
-        report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics)
+        report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics,
+                            dropped_rollouts(rollouts, trained))
         self.reports.append(report)
         # Checkpoint and record land in the next step's wall time (time/checkpoint, time/record): they come
         # after the split that measured this one.
@@ -416,6 +424,19 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
     metrics["samples/trained"] = float(len(trained))
     metrics["samples/dropped_rollouts"] = float(len({r.rollout_id for r in rollouts} - {t.rollout_id for t in trained}))
     return metrics
+
+
+def dropped_rollouts(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample]) -> dict[str, str]:
+    """Why each rollout of a batch without a trained sample gave none.
+
+    'infra_failure: <error>': left out of the loss and the baseline (it says nothing about the policy);
+    'no_sampled_tokens': no call of it returned a sampled token (no call made, or every call failed).
+    Staleness never drops a rollout: a group at the staleness bound is forced into the next batch.
+    """
+    kept = {t.rollout_id for t in trained}
+    return {r.rollout_id: (("infra_failure: " + r.error if r.error else "infra_failure")
+                           if r.failure_kind == INFRA_FAILURE else "no_sampled_tokens")
+            for r in rollouts if r.rollout_id not in kept}
 
 
 async def run(policy: Policy, engine: Engine, source: RolloutSource, **kwargs) -> list[StepReport]:

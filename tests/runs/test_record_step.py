@@ -88,3 +88,17 @@ def test_writes_go_in_batches_of_step_batch_rows(alice, make_run, monkeypatch):
     assert len(releases) >= len(inserts) + len(updates)
     assert Sample.objects.filter(rollout__run=run).count() == 32
     assert ModelCall.objects.filter(rollout__run=run).exclude(drift="").count() == 96
+
+
+def test_the_steps_rollouts_get_their_trained_step_and_drop_reason(alice, make_run):
+    run = make_run(alice)
+    trained, failed, empty, later = rollouts_with_calls(run, 4)
+    rollout_services.record_step(run.pk, 3, 3, [sample(trained, 0) | {"step": 3, "spans": [[0, 0, 1, False]],
+                                                                       "trainer_logprobs": [None, -0.4, -0.3]}], {},
+                                 {}, {trained.pk: "", failed.pk: "infra_failure: engine refused", empty.pk:
+                                      "no_sampled_tokens"})
+    rows = {r.pk: (r.trained_step, r.drop_reason) for r in run.rollouts.all()}
+    assert rows == {trained.pk: (3, ""), failed.pk: (3, "infra_failure: engine refused"),
+                    empty.pk: (3, "no_sampled_tokens"), later.pk: (None, "")}
+    stored = Sample.objects.get(rollout=trained)
+    assert (stored.step, stored.spans, stored.trainer_logprobs) == (3, [[0, 0, 1, False]], [None, -0.4, -0.3])

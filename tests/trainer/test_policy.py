@@ -200,9 +200,24 @@ def test_it_computes_the_same_gradients_with_gradient_checkpointing(random_sampl
 def test_it_trains_in_micro_batches_of_the_configured_padded_positions(random_samples):
     policy = Policy(tiny_qwen2(), TrainerConfig(micro_batch_tokens=24))
     sizes = []
-    policy._backward = lambda batch, *a: sizes.append(batch.input_ids.numel()) or {}
+    policy._backward = lambda batch, *a: (sizes.append(batch.input_ids.numel()) or {}, torch.zeros(len(batch.targets)))
     metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
     assert metrics["train/micro_batch_positions"] == 24
     lengths = [len(s.token_ids) for s in random_samples]
     assert sizes == [padded_positions([lengths[i] for i in indices]) for indices in micro_batches(random_samples, 24)]
     assert max(sizes) <= 24 and len(sizes) > 1
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_it_keeps_the_trainers_logprob_of_every_loss_token_before_the_update(random_samples, updates):
+    policy = Policy(tiny_qwen2(), TrainerConfig(micro_batch_tokens=24, updates_per_step=updates, learning_rate=0.05))
+    before, _ = policy.logprobs(random_samples)  # (M,) loss tokens in sample order, under the weights before
+    policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
+    kept = policy.trained_logprobs
+    assert [len(row) for row in kept] == [len(s.token_ids) for s in random_samples]
+    for row, sample in zip(kept, random_samples):
+        assert [v is not None for v in row] == [bool(m) and t > 0 for t, m in enumerate(sample.loss_mask)]
+    flat = [v for row in kept for v in row if v is not None]
+    assert torch.allclose(torch.tensor(flat), before, atol=1e-5)
+    after, _ = policy.logprobs(random_samples)
+    assert not torch.allclose(after, before, atol=1e-3)  # it did train: the kept values are the ones before

@@ -8,7 +8,7 @@ from tests.trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
 from trainer.policy import Policy, pack
 from trainer.samples import CallRecord, build_samples
-from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
+from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, dropped_rollouts, run
 
 
 class SpyEngine:
@@ -139,6 +139,23 @@ async def test_infrastructure_failures_leave_both_the_loss_and_the_baseline():
     assert (m["rollout/infra_failures"], m["rollout/policy_failures"]) == (2.0, 0.0)
     assert m["reward/mean"] == 0.5 and m["rollout/failed_frac"] == pytest.approx(1 / 3)
     assert set(reports[0].drift) == {"0/0", "0/1", "0/2", "1/0", "1/1", "1/2"}  # still classified for the inspector
+    assert reports[0].dropped == {"0/2": "infra_failure", "1/2": "infra_failure"}
+
+
+async def test_the_report_says_why_rollouts_were_dropped_and_carries_the_trainers_logprobs():
+    engine = SpyEngine()
+    # Group 1's attempt 1 made no call that sampled anything (the engine refused its only call).
+    calls = lambda g, a, v: () if (g, a) == (1, 1) else (  # noqa: E731
+        CallRecord(0, (1, 10 + g), (20 + a, 21, 22), (-1.0, -1.5, -2.0), policy_version=v),)
+    source = TickSource(engine, calls=calls, failed=lambda g, a: "")
+    p = policy(steps=1)
+    reports = await run(p, engine, source)
+    assert reports[0].dropped == {"1/1": "no_sampled_tokens"}
+    samples = reports[0].samples
+    assert [t.rollout_id for t in samples] == ["0/0", "0/1", "1/0"]
+    for t in samples:  # trained tokens only, position 0 never (nothing predicts it)
+        assert [lp is not None for lp in t.trainer_logprobs] == [bool(m) and i > 0 for i, m in enumerate(t.sample.loss_mask)]
+        assert all(lp < 0 for lp in t.trainer_logprobs if lp is not None)
 
 
 async def test_policy_failures_are_trained_with_the_failure_reward():
@@ -323,3 +340,9 @@ def test_rollout_metrics_count_groups_with_signal_dropped_rollouts_and_drift():
     assert (m["groups/total"], m["groups/with_signal"]) == (3.0, 1.0)
     assert (m["samples/trained"], m["samples/dropped_rollouts"]) == (5.0, 1.0)
     assert (m["drift/clean_count"], m["drift/realign_count"], m["drift/fork_count"]) == (1.0, 1.0, 1.0)
+
+
+def test_dropped_rollouts_names_the_infra_error():
+    failed = RolloutResult(0, "0/1", (), 0.0, "infra", error="engine refused: 503")
+    assert dropped_rollouts([RolloutResult(0, "0/0", (), 1.0), failed], []) == {
+        "0/0": "no_sampled_tokens", "0/1": "infra_failure: engine refused: 503"}
