@@ -18,3 +18,7 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(TokenAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+from runs import tokenizers  # noqa: E402
+
+tokenizers.warm_up()  # the first token view would otherwise pay seconds for importing transformers (and torch)

@@ -1,4 +1,8 @@
-"""Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported; reward-only fields."""
+"""Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported; reward-only fields.
+
+A JSONL export of a run's rollouts (runs/export.py, docs/export-schema.md) is recognised by the schema id its
+lines carry and loads as a dataset of recorded trajectories: one task per rollout.
+"""
 from __future__ import annotations
 
 import json
@@ -12,6 +16,9 @@ MAX_ERRORS = 200
 # Reward-only task fields every dataset hides from its harness. A dataset's own `hidden_fields` extend this set;
 # they never replace it, so forgetting to list `answer` cannot leak it. Names are top-level keys of a task.
 DEFAULT_HIDDEN_FIELDS = ("answer", "expected", "solution", "tests")
+EXPORT_SCHEMA = "lightning-web/rollout-export"
+"""The `schema` of every line of a rollouts export (runs/export.py); here so that parsing needs no models."""
+EXPORT_VERSIONS = (1,)
 
 
 def hidden_fields(extra: Iterable[str] = ()) -> list[str]:
@@ -89,6 +96,8 @@ def parse_tasks(content: bytes, filename: str, options: UploadOptions) -> ParseR
     if not text.strip():
         result.error(1, "the file is empty: expected one JSON object per line (JSONL) or a JSON array")
         return result
+    if _is_export(text):
+        return _parse_export(_jsonl_items(text, options, result), result)
     items = _json_array_items(text, result) if _is_json_array(text, filename) else _jsonl_items(text, options, result)
     seen: dict[str, int] = {}
     raw: list[tuple[int, dict[str, Any], str, str | None]] = []
@@ -102,6 +111,60 @@ def parse_tasks(content: bytes, filename: str, options: UploadOptions) -> ParseR
         return result
     result.tasks = _assign_splits(raw, options)
     return result
+
+
+def _is_export(text: str) -> bool:
+    """Whether the first line is a rollouts export record (its other lines are then held to the same)."""
+    first = text.lstrip().split("\n", 1)[0]
+    if EXPORT_SCHEMA not in first:
+        return False
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and record.get("schema") == EXPORT_SCHEMA
+
+
+def _parse_export(items, result: ParseResult) -> ParseResult:
+    """One task per exported rollout: id `rollout-<id>`, the rollout's split, the whole record as its data.
+
+    Split options (split_field, val_ratio) do not apply: a recorded trajectory keeps the split it ran in.
+    """
+    seen: dict[str, int] = {}
+    tasks = []
+    for line, record in items:
+        message = export_record_error(record)
+        if message:
+            result.error(line, message)
+            continue
+        external_id = f"rollout-{record['rollout']['id']}"
+        if external_id in seen:
+            result.error(line, f"rollout {record['rollout']['id']} appears twice (first on line {seen[external_id]})")
+            continue
+        seen[external_id] = line
+        tasks.append(ParsedTask(line=line, external_id=external_id, split=record["rollout"]["split"], data=record))
+    if not tasks and not result.errors:
+        result.error(1, "the export holds no rollouts")
+    if not result.errors:
+        result.tasks = tasks
+    return result
+
+
+def export_record_error(record: Any) -> str:
+    """Why `record` is not a line of a rollouts export this version reads; '' when it is."""
+    if not isinstance(record, dict) or record.get("schema") != EXPORT_SCHEMA:
+        return f"not a rollouts export record (expected \"schema\": \"{EXPORT_SCHEMA}\" as on the first line)"
+    if record.get("version") not in EXPORT_VERSIONS:
+        return f"export version {json.dumps(record.get('version'))[:20]} is not one of {list(EXPORT_VERSIONS)}"
+    rollout = record.get("rollout")
+    if not isinstance(rollout, dict) or isinstance(rollout.get("id"), bool) or not isinstance(rollout.get("id"), int):
+        return "field 'rollout' must be an object with an integer 'id'"
+    if rollout.get("split") not in SPLITS:
+        return f"rollout.split must be one of {list(SPLITS)}, got {json.dumps(rollout.get('split'))[:50]}"
+    for name in ("calls", "samples"):
+        if not isinstance(record.get(name), list):
+            return f"field '{name}' must be an array"
+    return ""
 
 
 def _is_json_array(text: str, filename: str) -> bool:

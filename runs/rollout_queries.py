@@ -1,7 +1,7 @@
-"""Reads behind the run page's rollouts table and the rollout page: filtered, sorted and paged in SQL.
+"""Reads behind the run page's rollouts table: filtered, sorted and paged in SQL.
 
 A fixed number of queries whatever the run's size; no query here reads a call's JSON blobs (request, response,
-token ids): the rollout page counts a call's tokens in SQL.
+token ids). CALL_COLUMNS and JsonArrayLength (a call's token counts in SQL) serve the rollout page too.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import DurationField, ExpressionWrapper, F, Func, IntegerField, Q, QuerySet
 from django.db.models.functions import Substr
 
-from runs.models import ModelCall, Rollout, RolloutStatus, Run, Split, Task
+from runs.models import Rollout, RolloutStatus, Run, Split, Task
 
 PAGE_SIZE = 25
 MAX_PAGE_SIZE = 200
@@ -143,11 +143,3 @@ class JsonArrayLength(Func):
 
 CALL_COLUMNS = ("seq", "api", "stream", "status_code", "latency_ms", "finish_reason", "drift", "policy_version",
                 "error", "created_at")
-
-
-def rollout_calls(rollout: Rollout) -> list[dict[str, Any]]:
-    """The rollout's calls in order, their token counts from the database: one query, no JSON blob read."""
-    return list(ModelCall.objects.filter(rollout=rollout).order_by("seq")
-                .annotate(prompt_tokens=JsonArrayLength("prompt_ids"),
-                          completion_tokens=JsonArrayLength("completion_ids"))
-                .values(*CALL_COLUMNS, "prompt_tokens", "completion_tokens"))

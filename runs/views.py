@@ -4,7 +4,6 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
 
 from runs import selectors, services
 from runs.forms import RunForm

@@ -177,7 +177,10 @@ class DatasetSerializer(serializers.ModelSerializer):
 class DatasetUploadSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, default="")
-    file = serializers.FileField(allow_empty_file=True, help_text="JSONL (one task object per line) or a JSON array of task objects")
+    file = serializers.FileField(
+        allow_empty_file=True,
+        help_text="JSONL (one task object per line) or a JSON array of task objects. A rollouts export "
+                  "(docs/export-schema.md) becomes a dataset of recorded trajectories.")
     split_field = serializers.CharField(required=False, allow_blank=True, default="",
                                         help_text="Field holding 'train' or 'val' on every task")
     val_ratio = serializers.FloatField(required=False, default=0.1, min_value=0.0, max_value=1.0,

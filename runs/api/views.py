@@ -4,17 +4,21 @@ from __future__ import annotations
 import django_filters
 from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from runs import registry, selectors, services
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
-from runs.models import Dataset, Harness, ModelCall, RewardScript, Rollout, Run, Sample, Task
+from runs.api.renderers import JSONLinesRenderer
+from runs.export import export_response
+from runs.models import Dataset, Harness, ModelCall, RewardScript, Rollout, RolloutStatus, Run, Sample, Split, Task
+from runs.rollout_queries import QueryError, RolloutQuery
 
 
 class OwnedViewSet(viewsets.GenericViewSet):
@@ -178,6 +182,27 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         """The validation grid: per val task and evaluated step, the sampled attempts' pass fraction and the greedy
         attempt's pass."""
         return Response(selectors.validation_grid(self.get_object()))
+
+    @extend_schema(
+        parameters=[OpenApiParameter("step", OpenApiTypes.INT),
+                    OpenApiParameter("split", OpenApiTypes.STR, enum=Split.values),
+                    OpenApiParameter("status", OpenApiTypes.STR, enum=RolloutStatus.values),
+                    OpenApiParameter("reward_min", OpenApiTypes.NUMBER),
+                    OpenApiParameter("reward_max", OpenApiTypes.NUMBER),
+                    OpenApiParameter("q", OpenApiTypes.STR, description="Text in the task id or the error")],
+        responses={(200, "application/jsonl"): OpenApiResponse(
+            OpenApiTypes.STR, description="One JSON object per rollout, in id order: docs/export-schema.md")})
+    @action(detail=True, methods=["get"], url_name="export-api",  # the page's URL is `run-export`
+            filter_backends=[], pagination_class=None, renderer_classes=[JSONRenderer, JSONLinesRenderer])
+    def export(self, request, pk=None):
+        """The run's rollouts with their calls and samples as streamed JSONL, filtered as the run page's rollouts
+        table filters them (its sort and page do not apply)."""
+        run = self.get_object()
+        try:
+            query = RolloutQuery.from_params(request.query_params)
+        except QueryError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return export_response(request, run, query)
 
     @extend_schema(responses=s.RolloutSerializer(many=True))
     @action(detail=True, methods=["get"])

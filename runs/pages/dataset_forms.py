@@ -16,7 +16,8 @@ class DatasetUploadForm(forms.Form):
     file = forms.FileField(
         allow_empty_file=True,
         help_text="JSONL (one task object per line) or a JSON array of task objects. An optional \"id\" field "
-                  "names each task; without it the task's position is its id.")
+                  "names each task; without it the task's position is its id. A run's rollouts export "
+                  "(docs/export-schema.md) becomes a dataset of recorded trajectories.")
     name = forms.CharField(max_length=200)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     split_by = forms.ChoiceField(

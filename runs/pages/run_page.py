@@ -1,8 +1,7 @@
-"""A run's page (header, live charts, rollouts table, event log), its actions (cancel, resume, continue), the JSON
-its scripts read (metric series, a page of rollouts), and a rollout's page."""
+"""A run's page (header, live charts, rollouts table, event log), its actions (cancel, resume, continue), and the JSON
+its scripts read (metric series, a page of rollouts). A rollout's page is runs/pages/rollout_page.py."""
 from __future__ import annotations
 
-import json
 import statistics
 from datetime import datetime
 
@@ -13,8 +12,8 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from runs import events, rollout_queries, selectors, services
-from runs.models import Rollout, RolloutStatus, Run, RunEvent, RunStatus
+from runs import rollout_queries, selectors, services
+from runs.models import RolloutStatus, Run, RunStatus
 
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
 ETA_WINDOW = 20  # recent steps whose median time the ETA uses (static/js/run_events.js uses as many)
@@ -66,23 +65,13 @@ def run_header(run: Run) -> dict:
         if step_times:
             eta = statistics.median(step_times) * max(0, total - run.step)
     return {"steps": total, "elapsed": elapsed, "elapsed_text": duration_text(elapsed),
-            "eta": eta, "eta_text": duration_text(eta), "phase": phase_now(run, total)}
+            "eta": eta, "eta_text": duration_text(eta), "phase": phase_now(run)}
 
 
-def phase_now(run: Run, total: int | None) -> str:
-    """What the run is doing: its phase, unless a step was recorded since (then the next step is under way).
-
-    The engine's start and evaluations say their phase; between them a running run generates and trains
-    (static/js/run_events.js says the same after each live step).
-    """
-    if run.is_finished:
-        return ""
-    if run.status == RunStatus.RUNNING and total is not None and run.step < total:
-        last = (RunEvent.objects.filter(run=run, kind__in=(events.RUN_PHASE, events.RUN_METRICS))
-                .order_by("-seq").values_list("kind", flat=True).first())
-        if last != events.RUN_PHASE:
-            return f"step {run.step + 1}: generating rollouts and training"
-    return run.phase
+def phase_now(run: Run) -> str:
+    """What the run is doing, as its worker last said (the scheduler's phases: generating, training, syncing,
+    checkpoint, recording; the engine's start; evaluations); nothing once it has finished."""
+    return "" if run.is_finished else run.phase
 
 
 def duration_text(seconds: float | None) -> str:
@@ -164,28 +153,6 @@ def run_rollouts(request, run_id: int):
     return JsonResponse(rollout_queries.rollouts_page(run, query))
 
 
-@login_required
-@require_GET
-def rollout_detail(request, rollout_id: int):
-    """One rollout: what it ran on, how it ended, its output and the list of its calls (the inspector comes later)."""
-    rollout = get_object_or_404(selectors.owned(Rollout.objects.select_related("run", "task"), request.user),
-                                pk=rollout_id)
-    run = rollout.run
-    task = run.harness_task(rollout.task.data) if rollout.task is not None else None
-    duration = ((rollout.finished_at - rollout.started_at).total_seconds()
-                if rollout.finished_at and rollout.started_at else None)
-    return render(request, "runs/rollout.html", {
-        "rollout": rollout, "run": run, "calls": rollout_queries.rollout_calls(rollout),
-        "duration_text": duration_text(duration) if duration is not None else "",
-        "task_json": _pretty(task) if task is not None else "",
-        "reward_detail_json": _pretty(rollout.reward_detail) if rollout.reward_detail else "",
-    })
-
-
-def _pretty(value) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
 urlpatterns = [
     path("runs/<int:run_id>/", run_detail, name="run-detail"),
     path("runs/<int:run_id>/cancel/", run_cancel, name="run-cancel"),
@@ -193,5 +160,4 @@ urlpatterns = [
     path("runs/<int:run_id>/continue/", run_go_on, {"how": "continue"}, name="run-continue"),
     path("runs/<int:run_id>/series/", run_metric_series, name="run-metric-series"),
     path("runs/<int:run_id>/rollouts/", run_rollouts, name="run-rollouts-table"),
-    path("rollouts/<int:rollout_id>/", rollout_detail, name="rollout-detail"),
 ]

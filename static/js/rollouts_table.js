@@ -8,6 +8,8 @@ export class RolloutsTable {
     this.root = root;
     this.url = root.dataset.url;
     this.form = root.querySelector("#rollouts-filter");
+    this.exportLink = root.querySelector("#export-rollouts");
+    this.exportUrl = this.exportLink ? this.exportLink.getAttribute("href").split("?")[0] : "";
     this.body = root.querySelector("#rollouts-body");
     this.sort = "newest";
     this.page = 1;
@@ -22,6 +24,7 @@ export class RolloutsTable {
   bind() {
     let typing = null;
     this.form.addEventListener("input", (event) => {
+      this.updateExport();
       clearTimeout(typing);
       typing = setTimeout(() => { this.page = 1; this.refresh(); }, event.target.type === "search" ? 300 : 150);
     });
@@ -48,15 +51,27 @@ export class RolloutsTable {
     this.timer = setTimeout(() => { this.timer = null; this.refresh(); }, wait);
   }
 
-  params() {
+  filters() {
     const params = new URLSearchParams();
     for (const [name, value] of new FormData(this.form)) if (String(value).trim()) params.set(name, value);
+    return params;
+  }
+
+  updateExport() {  // the export holds what the filters keep (sort and page do not apply to it)
+    if (!this.exportLink) return;
+    const filters = this.filters().toString();
+    this.exportLink.href = filters ? `${this.exportUrl}?${filters}` : this.exportUrl;
+  }
+
+  params() {
+    const params = this.filters();
     params.set("sort", this.sort);
     params.set("page", String(Math.max(1, this.page)));
     return params;
   }
 
   async refresh() {
+    this.updateExport();
     if (this.inFlight) { this.again = true; return; }
     this.inFlight = true;
     this.lastFetch = Date.now();

@@ -45,10 +45,6 @@ export class RunHeader {
       if (fresh && payload.step > this.step) this.setStep(payload.step);
       const stepTime = payload.values?.["time/step"];
       if (typeof stepTime === "number") this.stepTimes.set(payload.step, stepTime);
-      // A step (or its evaluation) is recorded: the next one is under way until a phase event says more.
-      if (fresh && this.status === "running" && this.steps && payload.step < this.steps) {
-        this.showPhase(`step ${payload.step + 1}: generating rollouts and training`, null);
-      }
     } else if (kind === "run.resumed") {
       if (fresh) {
         this.setStep(payload.step, true);

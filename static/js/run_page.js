@@ -6,6 +6,7 @@ import { connectLive } from "./live.js";
 import { RunCharts } from "./run_chart.js";
 import { EventLog, RunHeader } from "./run_events.js";
 import { RolloutsTable } from "./rollouts_table.js";
+import { startValGrid } from "./val_grid.js";
 
 const LOG_LINES = 500;
 
@@ -14,8 +15,9 @@ export function startRunPage(config) {
   const log = new EventLog(document.getElementById("events"));
   const charts = new RunCharts(config);
   const table = new RolloutsTable(document.getElementById("rollouts"));
-  const parts = [header, log, charts, table];
-  window.runPage = { header, log, charts, table };
+  const [valGrid, steps] = startValGrid(config);  // loads the validation grid and the steps list
+  const parts = [header, log, charts, table, valGrid, steps].filter(Boolean);
+  window.runPage = { header, log, charts, table, valGrid, steps };
   connectLive(`/ws/runs/${config.run}/`, {
     replay: true,
     after: Math.max(0, config.last_seq - LOG_LINES),
