@@ -120,13 +120,17 @@ def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward
         rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
         rollout.status, rollout.reward, rollout.exit_code = status, reward, exit_code
         rollout.failure_kind = failure_kind
-        rollout.reward_detail = {**rollout.reward_detail, **reward_detail}
-        rollout.stdout_tail, rollout.stderr_tail, rollout.error = stdout_tail[-16384:], stderr_tail[-16384:], error
+        # A harness's output (and a reward script's detail) may hold NUL characters, which PostgreSQL refuses in
+        # text and JSON: the rollout would stay `running` for good. They are stored as U+FFFD.
+        rollout.reward_detail = _strip_nul({**rollout.reward_detail, **reward_detail})
+        rollout.stdout_tail, rollout.stderr_tail, rollout.error = (
+            _strip_nul(stdout_tail[-16384:]), _strip_nul(stderr_tail[-16384:]), _strip_nul(error))
         rollout.finished_at = timezone.now()
         rollout.save()
         services.emit_event(rollout.run_id, events.ROLLOUT_STATUS, {
             "rollout": rollout.pk, "status": status, "reward": reward, "split": rollout.split, "step": rollout.step,
-            "group": rollout.group, "attempt": rollout.attempt, "error": error[:500], "failure_kind": failure_kind})
+            "group": rollout.group, "attempt": rollout.attempt, "error": rollout.error[:500],
+            "failure_kind": failure_kind})
     return rollout
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from proxy.auth import key_matches
 from runs import rollout_services, services
-from runs.models import Run, RunEvent, RunStatus
+from runs.models import Rollout, Run, RunEvent, RunStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -179,3 +179,16 @@ def test_a_non_finite_metric_is_left_out_and_named_not_a_crash(alice, make_run):
     assert list(run.metrics.values_list("step", "name", "value")) == [(3, "reward/mean", 0.25)]
     assert run.events.last().payload == {"step": 3, "values": {"reward/mean": 0.25},
                                          "non_finite": ["grad/norm", "loss/policy"]}
+
+
+def test_a_harness_output_holding_nul_characters_still_finishes_the_rollout(alice, make_run):
+    """PostgreSQL refuses NUL in text and JSON: a harness printing the model's raw bytes left rollouts running."""
+    run = make_run(alice)
+    rollout, _ = rollout_services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=0)
+    rollout_services.finish_rollout(rollout.pk, status="succeeded", reward=0.5, reward_detail={"seen": "x\x00y"},
+                                    exit_code=0, stdout_tail="a\x00b", stderr_tail="\x00", error="bad\x00")
+    stored = Rollout.objects.get(pk=rollout.pk)
+    assert (stored.status, stored.reward, stored.stdout_tail, stored.stderr_tail, stored.error) == (
+        "succeeded", 0.5, "a\ufffdb", "\ufffd", "bad\ufffd")
+    assert stored.reward_detail == {"seen": "x\ufffdy"}
+    assert run.events.filter(kind="rollout.status").last().payload["error"] == "bad\ufffd"
