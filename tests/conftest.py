@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -12,9 +13,12 @@ from rest_framework.test import APIClient
 
 from lightning_web.celery import app as celery_app
 
-# Tests talk to the same real Redis as the app (embedded or REDIS_URL) but never to its queues or groups.
-TEST_REDIS_DB = 15
-settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "lightning-test"
+# Tests talk to the same real Redis as the app (embedded or REDIS_URL) but never to its queues or groups. A second
+# test session on the same machine (CI while a developer tests) takes its own database with LIGHTNING_TEST_REDIS_DB
+# (and its own DATABASE_URL): the tests flush theirs.
+TEST_REDIS_DB = int(os.environ.get("LIGHTNING_TEST_REDIS_DB", "15"))
+settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = (
+    "lightning-test" if TEST_REDIS_DB == 15 else f"lightning-test-{TEST_REDIS_DB}")
 celery_app.conf.broker_url = settings.REDIS_URL.rsplit("/", 1)[0] + f"/{TEST_REDIS_DB}"
 
 ENGINE_CACHE_DIR = Path(tempfile.gettempdir()) / "lightning-test-engine-cache"

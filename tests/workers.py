@@ -3,15 +3,25 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
 from common.procs import kill_groups, pids_matching
 from lightning_web.celery import app as celery_app
+from trainer.engine import default_engine_venv
 
 ROOT = Path(__file__).resolve().parents[1]
+
+REAL_RUN_MARKS = [
+    pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm, pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
+                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
+]
+"""The marks of a test that drives a real run (real workers, vLLM on CPU) against the test database."""
 
 
 def database_url() -> str:
@@ -31,7 +41,8 @@ class Workers:
         # The tests' queues (their own Redis database), and the channel layer the tests and a live server use.
         self.env.update(DATABASE_URL=database_url(), REDIS_URL=settings.REDIS_URL,
                         CELERY_BROKER_URL=celery_app.conf.broker_url,
-                        LIGHTNING_DATA_DIR=str(tmp_path / "data"), CHANNELS_PREFIX="lightning-test",
+                        LIGHTNING_DATA_DIR=str(tmp_path / "data"),
+                        CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
                         LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
                         LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")
         self.data_dir = tmp_path / "data"
@@ -62,3 +73,24 @@ class Workers:
         kill_groups([proc.pid for proc in self.procs], grace_s=60)
         for proc in self.procs:
             proc.wait()
+
+
+def wait_db(condition, what: str, workers: Workers, timeout: float = 300) -> None:
+    """Poll `condition` (a database read) until it holds; on timeout fail with the workers' log tails."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{workers.tails()}")
+
+
+@pytest.fixture
+def workers(tmp_path, test_redis, settings, models_dir):
+    """Workers on this test's models registry and channel layer (a live server's pages see their events)."""
+    pool = Workers(tmp_path)
+    pool.env.update(LIGHTNING_MODELS_DIR=str(models_dir),
+                    CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"])
+    settings.LIGHTNING_RUNS_DIR = pool.runs_dir
+    yield pool
+    pool.stop()

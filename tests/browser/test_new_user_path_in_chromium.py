@@ -13,15 +13,9 @@ import pytest
 from runs.models import Dataset, Harness, RewardScript, Run
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
-from tests.workers import Workers, wait_db, workers  # noqa: F401  (the workers fixture)
-from trainer.engine import default_engine_venv
+from tests.workers import REAL_RUN_MARKS, Workers, wait_db, workers  # noqa: F401  (the workers fixture)
 
-pytestmark = [
-    pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
-                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
-]
+pytestmark = [pytest.mark.browser, *REAL_RUN_MARKS]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop in this thread
 
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"

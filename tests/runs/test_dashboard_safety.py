@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from runs import rollout_services
-from runs.models import Dataset, Harness, RewardScript, Run, RunStatus
+from runs.models import Dataset, Harness, ModelCall, RewardScript, Run, RunStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -21,8 +21,14 @@ def objects(alice, make_run):
     other = make_run(alice, name="second")
     rollout, _ = rollout_services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=0, group=0,
                                                  attempt=0)
+    ModelCall.objects.create(rollout=rollout, seq=0, api="chat", request={"messages": []}, status_code=200)
+    rollout_services.record_step(run.pk, 1, 1, [{
+        "rollout_id": rollout.pk, "token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0.0, -0.5, -0.2],
+        "advantage": 0.5, "call_seqs": [0], "build": "single", "policy_version": 0, "step": 1}], {}, {},
+        {rollout.pk: ""})
+    val_task = run.dataset.tasks.filter(split="val").first()
     return {"run": run, "other": other, "rollout": rollout, "harness": run.harness, "dataset": run.dataset,
-            "reward": run.reward_script}
+            "reward": run.reward_script, "sample": rollout.samples.get(), "val_task": val_task}
 
 
 def pages(o):
@@ -32,6 +38,15 @@ def pages(o):
         ("run-rollouts", reverse("run-rollouts-table", args=[o["run"].pk])),
         ("run-metric-series", reverse("run-metric-series", args=[o["run"].pk])),
         ("rollout-detail", reverse("rollout-detail", args=[o["rollout"].pk])),
+        ("rollout-call-raw", reverse("rollout-call-raw", args=[o["rollout"].pk, 0])),
+        ("sample-tokens", reverse("sample-tokens", args=[o["sample"].pk])),
+        ("sample-tokens-data", reverse("sample-tokens-data", args=[o["sample"].pk])),
+        ("run-val-grid", reverse("run-val-grid", args=[o["run"].pk])),
+        ("val-task-compare", reverse("val-task-compare", args=[o["run"].pk, o["val_task"].pk]) + "?a=0&b=1"),
+        ("run-steps", reverse("run-steps", args=[o["run"].pk])),
+        ("run-step", reverse("run-step", args=[o["run"].pk, 1])),
+        ("run-step-data", reverse("run-step-data", args=[o["run"].pk, 1])),
+        ("run-export", reverse("run-export", args=[o["run"].pk])),
         ("run-compare", reverse("run-compare") + f"?ids={o['run'].pk},{o['other'].pk}"),
         ("harness-detail", reverse("harness-detail", args=[o["harness"].pk])),
         ("dataset-detail", reverse("dataset-detail", args=[o["dataset"].pk])),
@@ -91,7 +106,10 @@ def test_every_page_with_a_form_carries_the_csrf_token(alice, objects):
                   ("harness-new", reverse("harness-new")), ("dataset-new", reverse("dataset-new")),
                   ("reward-new", reverse("reward-new")), ("model-list", reverse("model-list"))]
     for name, url in form_pages + pages(objects):
-        body = client.get(url).content.decode()
+        response = client.get(url)
+        if response.streaming:  # the export: a download, no form
+            continue
+        body = response.content.decode()
         if "<form" in body and 'method="post"' in body:
             assert body.count('name="csrfmiddlewaretoken"') >= body.count('method="post"'), name
 

@@ -2,7 +2,6 @@
 
 vLLM serves a tiny model; the harness talks to it through the proxy. Run under the heavy lock on a shared machine.
 """
-import time
 from pathlib import Path
 
 import pytest
@@ -11,14 +10,9 @@ from django.db.models import Count
 from common.procs import pids_matching
 from runs import services
 from runs.models import Metric, ModelCall, Rollout, Run, Sample
-from tests.workers import Workers
-from trainer.engine import default_engine_venv
+from tests.workers import REAL_RUN_MARKS, Workers, wait_db
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
-    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
-                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
-]
+pytestmark = REAL_RUN_MARKS
 
 # Two calls per attempt with a pause between them: a kill after the first call lands mid-rollout.
 HARNESS = '''
@@ -79,15 +73,6 @@ def make_run(alice, tmp_path, tiny_model):
     return make
 
 
-def wait_for(condition, what: str, workers: Workers, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{workers.tails()}")
-
-
 def engine_gap(model_dir: Path, calls: list[ModelCall]) -> float:
     """Mean |engine - model| logprob of the calls' sampled tokens, at the run's temperature (processed logprobs)."""
     import torch
@@ -114,13 +99,13 @@ def test_a_run_whose_worker_is_killed_mid_step_resumes_on_a_second_worker_and_tr
         return current.checkpoint_path.endswith("step-000001") and ModelCall.objects.filter(
             rollout__run=run, rollout__split="train", rollout__step=1, rollout__status="running").count() >= 2
 
-    wait_for(mid_step_2, "step 2 mid-rollout", workers)
+    wait_db(mid_step_2, "step 2 mid-rollout", workers)
     workers.kill(first)
     killed_at = Run.objects.get(pk=run.pk)
     assert killed_at.status == "running" and killed_at.step == 1
     workers.start("second", "runs")
     workers.start("control", "default", beat=True)  # beat's sweep re-queues the run for the second worker
-    wait_for(lambda: Run.objects.get(pk=run.pk).status in ("succeeded", "failed"), "the end of the run", workers,
+    wait_db(lambda: Run.objects.get(pk=run.pk).status in ("succeeded", "failed"), "the end of the run", workers,
              timeout=600)
 
     run.refresh_from_db()
@@ -165,17 +150,17 @@ def test_a_run_whose_worker_is_killed_mid_step_resumes_on_a_second_worker_and_tr
 def test_a_run_left_cancelling_by_a_dead_worker_becomes_cancelled(workers, make_run, alice_api):
     run = make_run()
     first = workers.start("first", "runs")
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == "starting" and workers.engines(), "the engine start",
+    wait_db(lambda: Run.objects.get(pk=run.pk).status == "starting" and workers.engines(), "the engine start",
              workers)
     workers.kill(first)
     response = alice_api.post(f"/api/v1/runs/{run.pk}/cancel/")
     assert response.status_code == 200 and response.json()["status"] == "cancelling"
     workers.start("control", "default", beat=True)
-    wait_for(lambda: Run.objects.get(pk=run.pk).status != "cancelling", "the sweep", workers, timeout=120)
+    wait_db(lambda: Run.objects.get(pk=run.pk).status != "cancelling", "the sweep", workers, timeout=120)
     run.refresh_from_db()
     assert run.status == "cancelled" and run.finished_at is not None
     assert run.error.startswith("cancelled by its owner; worker lost: no heartbeat for ")
     statuses = list(run.events.filter(kind="run.status").values_list("payload__status", flat=True))
     assert statuses == ["queued", "starting", "cancelling", "cancelled"]
     assert not Rollout.objects.filter(run=run).exclude(status="lost").exists()
-    wait_for(lambda: workers.engines() == [], "the engine to go with its worker", workers, timeout=60)
+    wait_db(lambda: workers.engines() == [], "the engine to go with its worker", workers, timeout=60)

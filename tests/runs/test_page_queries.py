@@ -15,7 +15,7 @@ from django.urls import NoReverseMatch, reverse
 
 from proxy.types import RecordedCall
 from runs import rollout_queries, rollout_services, services
-from runs.models import RunStatus
+from runs.models import Rollout, RunStatus, Sample
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +30,8 @@ class Side:
     peer: int
     rollout: int
     dataset: int
+    sample: int
+    val_task: int
 
 
 PAGES = {  # label: (a page's URL name, or None for a REST path; its argument; query string)
@@ -42,6 +44,14 @@ PAGES = {  # label: (a page's URL name, or None for a REST path; its argument; q
     "run-rollouts filtered": ("run-rollouts-table", lambda s: s.run,
                               "?step=1&split=train&status=succeeded&reward_min=0.5&q=t&sort=-duration"),
     "rollout-detail": ("rollout-detail", lambda s: s.rollout, ""),
+    "rollout-call-raw": ("rollout-call-raw", lambda s: (s.rollout, 1), ""),
+    "sample-tokens": ("sample-tokens", lambda s: s.sample, ""),
+    "sample-tokens-data": ("sample-tokens-data", lambda s: s.sample, "?start=0&count=100"),
+    "run-val-grid": ("run-val-grid", lambda s: s.run, ""),
+    "val-task-compare": ("val-task-compare", lambda s: (s.run, s.val_task), "?a=1&b=2"),
+    "run-steps": ("run-steps", lambda s: s.run, ""),
+    "run-step": ("run-step", lambda s: (s.run, 1), ""),
+    "run-step-data": ("run-step-data", lambda s: (s.run, 1), ""),
     "run-compare": ("run-compare", lambda s: None, "?ids={run},{peer}"),
     "dataset-detail": ("dataset-detail", lambda s: s.dataset, ""),
     "api run metrics": (None, lambda s: f"/api/v1/runs/{s.run}/metrics/", ""),
@@ -100,7 +110,9 @@ def side(django_user_model, make_dataset, name: str, rollouts: int, calls: int, 
     others = [running_run(user, f"other {i}", harness, dataset, reward, 3, 2)[0] for i in range(runs - 1)]
     client = Client()
     client.force_login(user)
-    return Side(client, run, others[0], rollout, dataset.pk)
+    sample = Sample.objects.filter(rollout_id=rollout).values_list("pk", flat=True).first()
+    val_task = Rollout.objects.filter(run_id=run, split="val").values_list("task_id", flat=True).first()
+    return Side(client, run, others[0], rollout, dataset.pk, sample, val_task)
 
 
 @pytest.fixture
@@ -120,7 +132,7 @@ def url(label: str, s: Side) -> str:
     else:
         arg = argument(s)
         try:
-            path = reverse(name, args=[] if arg is None else [arg])
+            path = reverse(name, args=[] if arg is None else list(arg) if isinstance(arg, tuple) else [arg])
         except NoReverseMatch:
             pytest.fail(f"no dashboard page named {name!r}")
     return path + query.format(run=s.run, peer=s.peer)
