@@ -216,7 +216,9 @@ def test_cancel_ends_a_queued_run_and_the_header_follows(page, live_url, alice, 
     page.wait_for_function("document.getElementById('run-status').textContent === 'cancelled'", timeout=15000)
     assert Run.objects.get(pk=run.pk).status == "cancelled"
     assert not page.locator("#cancel-form").is_visible()
-    assert page.locator("#events li").last.inner_text().endswith("status → cancelled: cancelled before it started")
+    # The cancel reloads the page: its status is rendered at once, its event log fills from the replay after.
+    page.wait_for_function("document.querySelector('#events li:last-child')?.textContent"
+                           ".endsWith('status → cancelled: cancelled before it started')", timeout=15000)
     settle(page)
     shot(page, "run_page_cancelled")
     assert console == [] and page.outside == []
