@@ -130,6 +130,29 @@ def chat_tool_choice(choice: dict) -> object:
     return {"any": "required", "none": "none"}.get(kind, "auto")
 
 
+def _prefilled(messages: list[dict]) -> bool:
+    """Whether the request ends in a partial assistant reply for the model to continue (Anthropic prefill)."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
+
+
+def tokenize_body(body: object, served_model: str) -> dict:
+    """vLLM's /tokenize request for a count_tokens body: the same prompt /v1/messages would send the engine."""
+    if not isinstance(body, dict):
+        raise ProxyError(400, "request body must be a JSON object", "invalid_body")
+    check_field(body, "model", str, required=True)
+    messages = chat_messages(check_field(body, "system", (str, list)), check_field(body, "messages", list, required=True))
+    tools = chat_tools(check_field(body, "tools", list) or [])
+    check_field(body, "tool_choice", dict)
+    prefill = _prefilled(messages)  # vLLM refuses both set, and add_generation_prompt defaults to true
+    out: dict = {"model": served_model, "messages": messages, "add_generation_prompt": not prefill}
+    if prefill:
+        out["continue_final_message"] = True
+    if tools:
+        out["tools"] = tools
+    return out
+
+
 def _tool_input(arguments: str) -> dict:
     try:
         value = json.loads(arguments) if arguments else {}
@@ -165,8 +188,7 @@ class MessagesAdapter(Adapter):
                 out[key] = body[key]
         if self.stop_sequences:
             out["stop"] = self.stop_sequences
-        last = self.messages[-1] if self.messages else {}
-        if last.get("role") == "assistant" and not last.get("tool_calls"):
+        if _prefilled(self.messages):
             out["continue_final_message"], out["add_generation_prompt"] = True, False  # a prefilled reply
         if self.tools:
             out["tools"] = self.tools

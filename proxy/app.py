@@ -12,10 +12,10 @@ from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, Router
+from starlette.routing import Match, Route, Router, request_response
 
 from proxy import sse
-from proxy.anthropic_api import MessagesAdapter
+from proxy.anthropic_api import MessagesAdapter, tokenize_body
 from proxy.assemble import Accumulator, Tokens, chunks_from_answer, extract_tokens
 from proxy.auth import any_key_matches, presented_keys
 from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
@@ -55,6 +55,16 @@ def _guard(fmt: str, handler: Callable[[Request], Awaitable[Response]]):
     return guarded
 
 
+class _AnyMethod:
+    """An endpoint a Route serves for every HTTP method (Starlette limits function endpoints to a list)."""
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+        self._app = request_response(handler)
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self._app(scope, receive, send)
+
+
 class _Call:
     """One admitted call: everything known at its start, turned into a RecordedCall at its end.
 
@@ -68,7 +78,7 @@ class _Call:
         self.sampling_overrides = sampling_overrides
         self.rollout_id = info.rollout_id
         self.timed = _timed(info)  # as admitted: gate.exit must match gate.enter
-        self.seq = proxy._take_seq(info)
+        self.seq = proxy._take_seq(info, adapter.samples)  # n > 1: one seq per choice (recording.per_choice)
         self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
         self.done = False  # its record is built
@@ -167,11 +177,15 @@ class ProxyApp:
         routes = [Route(base + path, _guard(adapter.error_format, self._endpoint(adapter)), methods=["POST"])
                   for path, adapter in ADAPTERS.items()]
         routes += [
+            Route(base + "messages/count_tokens", _guard(ANTHROPIC, self._count_tokens), methods=["POST"]),
             Route(base + "models", _guard(OPENAI, self._models), methods=["GET"]),
             Route(base + "reward", _guard(OPENAI, self._reward), methods=["POST"]),
-            Route(base + "{rest:path}", self._unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+            Route(base + "{rest:path}", _guard(OPENAI, self._unknown), methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
             Route("/healthz", self._health, methods=["GET"]),
         ]
+        # Last, for every method: whatever no route above takes under a rollout is authenticated before it is
+        # told 404 or 405, so a caller without the rollout's key learns nothing about the paths served.
+        routes.append(Route("/rollouts/{rollout_id}/{rest:path}", _AnyMethod(_guard(OPENAI, self._unrouted))))
         # A bare Router, not Starlette(): its two middleware layers cost every streamed chunk a detour, and
         # _guard already answers unexpected errors with a 500 in the caller's format.
         self.app = Router(routes=routes, lifespan=self._lifespan)
@@ -216,12 +230,18 @@ class ProxyApp:
 
     # --- admission -----------------------------------------------------------------------------------
 
-    async def _rollout(self, request: Request) -> RolloutInfo:
+    async def _authenticated(self, request: Request) -> RolloutInfo:
+        """The request's rollout once the caller has shown its key: 404 for an unknown rollout, else 401."""
         info = await self.directory.get(request.path_params["rollout_id"])
         if info is None:
             raise ProxyError(404, f"unknown rollout '{request.path_params['rollout_id']}'", "rollout_not_found")
         if not any_key_matches(presented_keys(request), info.secret_hash):
             raise ProxyError(401, "missing or invalid API key for this rollout", "invalid_api_key")
+        return info
+
+    async def _rollout(self, request: Request) -> RolloutInfo:
+        """The request's rollout, authenticated and still running (409 once it has finished)."""
+        info = await self._authenticated(request)
         if info.finished:
             raise ProxyError(409, f"rollout '{info.rollout_id}' is finished", "rollout_finished")
         return info
@@ -241,9 +261,9 @@ class ProxyApp:
         except ValueError:
             raise ProxyError(400, "request body is not valid JSON", "invalid_json") from None
 
-    def _take_seq(self, info: RolloutInfo) -> int:
+    def _take_seq(self, info: RolloutInfo, count: int = 1) -> int:
         seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
-        self._seq[info.rollout_id] = seq + 1
+        self._seq[info.rollout_id] = seq + count
         return seq
 
     # --- model calls ---------------------------------------------------------------------------------
@@ -253,6 +273,7 @@ class ProxyApp:
             try:
                 info = await self._rollout(request)
                 adapter = adapter_cls(await self._read_json(request))
+                await adapter.resolve(self.records.responses, info.rollout_id)
                 upstream_stream = adapter.stream and self.config.stream and (
                     self.config.stream_with_tools or not adapter.has_tools)
                 upstream_body = adapter.upstream_body(self.config.served_model, upstream_stream)
@@ -424,10 +445,55 @@ class ProxyApp:
             return error_response(OPENAI, ProxyError(503, "could not store the reward; retry", "reward_not_stored"))
         return JSONResponse({"rollout_id": info.rollout_id, "reward": float(reward), "detail": detail})
 
+    async def _count_tokens(self, request: Request) -> Response:
+        """Anthropic's count_tokens: the engine's own count of the prompt /v1/messages would render.
+
+        Not a model call: nothing is recorded, and it skips the gate, since the tokenizer is the same before and
+        after a weight update and the engine tokenizes while paused.
+        """
+        try:
+            info = await self._rollout(request)
+            body = tokenize_body(await self._read_json(request), self.config.served_model)
+        except ProxyError as exc:
+            return error_response(ANTHROPIC, exc)
+        try:
+            answer = await self.upstream.tokenize(body)
+        except UpstreamError as exc:
+            message = upstream_error_message(exc.body, exc.message)
+            logger.warning("rollout %s: count_tokens failed: %s: %s", info.rollout_id, exc.status, message)
+            return JSONResponse(error_body(ANTHROPIC, exc.status, message), status_code=exc.status)
+        count = answer.get("count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            message = "engine answered /tokenize without a token count"
+            return error_response(ANTHROPIC, ProxyError(502, message, "bad_engine_answer"))
+        return JSONResponse({"input_tokens": count})
+
     async def _unknown(self, request: Request) -> Response:
+        """An unknown /v1/ endpoint: 404 for any method, once the caller has shown the rollout's key."""
+        return await self._not_served(request, "/v1/" + request.path_params["rest"], [])
+
+    async def _unrouted(self, request: Request) -> Response:
+        """Anything else under a rollout: 405 where a route serves the path with other methods, else 404.
+
+        As Starlette's router does, the first route that takes the path names the allowed methods.
+        """
+        endpoint = "/" + request.path_params["rest"]
+        for route in self.app.routes[:-1]:
+            if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] is Match.PARTIAL:
+                return await self._not_served(request, endpoint, sorted(route.methods))
+        return await self._not_served(request, endpoint, [])
+
+    async def _not_served(self, request: Request, endpoint: str, allowed: list[str]) -> Response:
+        """The 404 or 405 for `endpoint` (the path below /rollouts/<id>), once the caller has shown the key."""
         fmt = ANTHROPIC if "anthropic-version" in request.headers else OPENAI
-        rest = request.path_params["rest"]
-        return error_response(fmt, ProxyError(404, f"unknown endpoint '/v1/{rest}'", "unknown_endpoint"))
+        try:
+            await self._authenticated(request)
+        except ProxyError as exc:
+            return error_response(fmt, exc)
+        if allowed:
+            message = f"method {request.method} not allowed on '{endpoint}'"
+            return error_response(fmt, ProxyError(405, message, "method_not_allowed", {"allow": ", ".join(allowed)}))
+        return error_response(fmt, ProxyError(404, f"unknown endpoint '{endpoint}'", "unknown_endpoint"))
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"ok": True, "paused": self.gate.paused, "in_flight": self.gate.in_flight})

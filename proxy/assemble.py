@@ -155,7 +155,7 @@ def chunks_from_answer(answer: dict, kind: str) -> list[dict]:
 
 @dataclass(frozen=True)
 class Tokens:
-    """Token ids and sampled logprobs of the first choice of an engine answer."""
+    """Token ids and sampled logprobs of one choice of an engine answer."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -163,12 +163,18 @@ class Tokens:
     finish_reason: str | None
 
 
-def extract_tokens(answer: dict | None) -> Tokens:
+def extract_tokens(answer: dict | None, index: int = 0) -> Tokens:
+    """The tokens of choice `index` (vLLM's `index` field; n > 1 answers hold one choice per sample).
+
+    vLLM returns the prompt's ids once per answer (chat) or once per choice (completions)."""
     if not answer:
         return Tokens([], [], [], None)
-    choices = answer.get("choices") or [{}]
-    choice = choices[0]
-    prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+    choices = answer.get("choices") or []
+    choice = next((c for c in choices if c.get("index", 0) == index), None)
+    if choice is None:  # no such choice (an error body, or the engine gave fewer): the prompt is still known
+        choice = {}
+    first = choices[0] if choices else {}
+    prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids") or first.get("prompt_token_ids") or []
     logprobs = choice.get("logprobs") or {}
     if "content" in logprobs:
         values = [entry.get("logprob") for entry in logprobs.get("content") or ()]

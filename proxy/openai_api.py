@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from proxy import sse
 from proxy.errors import OPENAI, ProxyError, check_field, error_body
+from proxy.types import samples_asked
+
+if TYPE_CHECKING:
+    from proxy.recording import ResponseLog
 
 
 class Adapter:
@@ -25,6 +30,15 @@ class Adapter:
 
     def validate(self) -> None:
         """Check the fields this adapter acts on; raise ProxyError(400) naming the field."""
+
+    async def resolve(self, responses: ResponseLog, rollout_id: str) -> None:
+        """Fill in what the request refers to in the rollout's earlier answers (Responses `previous_response_id`);
+        raise ProxyError(400) when it names none."""
+
+    @property
+    def samples(self) -> int:
+        """Engine choices this call asks for: it is recorded as that many calls with consecutive seqs."""
+        return samples_asked(self.api, self.request)
 
     @property
     def has_tools(self) -> bool:
@@ -60,7 +74,16 @@ def _with_engine_fields(body: dict, served_model: str, upstream_stream: bool) ->
 
 
 class _EngineNative(Adapter):
-    """Chat and Completions: the engine speaks them, so answers pass through minus fields we added."""
+    """Chat and Completions: the engine speaks them, so answers pass through minus fields we added.
+
+    With `n` > 1 the engine answers n choices (interleaved by `index` when streaming); they pass through as they
+    are, and each choice is recorded as its own call (proxy.recording.per_choice).
+    """
+
+    def validate(self) -> None:
+        n = check_field(self.request, "n", int)
+        if n is not None and n < 1:
+            raise ProxyError(400, f"field 'n' must be at least 1, got {n}", "invalid_value")
 
     def _wants(self) -> tuple[bool, bool, bool]:
         options = self.request.get("stream_options") or {}
@@ -115,8 +138,8 @@ class ChatAdapter(_EngineNative):
         check_field(self.request, "tools", list)
         check_field(self.request, "max_tokens", int)
         check_field(self.request, "max_completion_tokens", int)
-        check_field(self.request, "n", int)
         check_field(self.request, "stream_options", dict)
+        super().validate()
 
     def upstream_body(self, served_model: str, upstream_stream: bool) -> dict:
         body = _with_engine_fields(self.request, served_model, upstream_stream)
@@ -135,8 +158,8 @@ class CompletionsAdapter(_EngineNative):
             raise ProxyError(400, "field 'prompt' must be a string, a list of strings or token ids", "invalid_type")
         check_field(self.request, "max_tokens", int)
         check_field(self.request, "logprobs", int)
-        check_field(self.request, "n", int)
         check_field(self.request, "stream_options", dict)
+        super().validate()
 
     def upstream_body(self, served_model: str, upstream_stream: bool) -> dict:
         body = _with_engine_fields(self.request, served_model, upstream_stream)

@@ -1,14 +1,88 @@
-"""Hands calls to the Recorder without losing any: failures are logged and retried from a bounded queue."""
+"""Hands calls to the Recorder without losing any (failures are retried from a queue), one record per sample,
+and remembers recent Responses API answers for `previous_response_id`."""
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import replace
 
-from proxy.types import RecordedCall, Recorder
+from proxy.assemble import extract_tokens
+from proxy.types import RecordedCall, Recorder, ResponseFinder, samples_asked
 
 logger = logging.getLogger(__name__)
+
+
+def per_choice(call: RecordedCall) -> list[RecordedCall]:
+    """The records of one call: itself, or one per choice when it asked for n > 1 (see types.samples_asked).
+
+    Choice k gets seq call.seq + k (reserved at admission) and its own ids, logprobs and finish reason; a choice
+    the engine did not return (a failed call) is recorded without tokens, so a rollout's seqs have no holes.
+    """
+    n = samples_asked(call.api, call.request)
+    if n == 1:
+        return [call]
+    choices = [extract_tokens(call.upstream_response, k) for k in range(n)]
+    error = call.error or (_choices_gap(call, choices) if call.status_code == 200 else None)
+    if error and not call.error:
+        logger.warning("rollout %s seq %s: %s", call.rollout_id, call.seq, error)
+    return [replace(call, seq=call.seq + k, choice=k, prompt_ids=t.prompt_ids, completion_ids=t.completion_ids,
+                    logprobs=t.logprobs, finish_reason=t.finish_reason, error=error)
+            for k, t in enumerate(choices)]
+
+
+def _choices_gap(call: RecordedCall, choices: list) -> str | None:
+    """Why the choices' captured ids cannot be the whole completions (usage disagrees), or None when they can."""
+    answer = call.upstream_response or {}
+    returned = len(answer.get("choices") or ())
+    if returned < len(choices):
+        return f"incomplete token capture: the engine returned {returned} of the {len(choices)} choices asked for"
+    expected = (answer.get("usage") or {}).get("completion_tokens")
+    got = sum(len(t.completion_ids) for t in choices)
+    if all(len(t.completion_ids) == len(t.logprobs) for t in choices) and expected in (None, got):
+        return None
+    return (f"incomplete token capture: the engine reported {expected} completion tokens over {len(choices)} "
+            f"choices but returned {got} token ids and {sum(len(t.logprobs) for t in choices)} logprobs")
+
+
+class ResponseLog:
+    """Recent Responses API answers by (rollout, response id), so `previous_response_id` resolves without a query.
+
+    Bounded: at most `max_entries`, least recently used dropped first (a finished rollout's answers age out).
+    Answers to `store: false` requests are not held (OpenAI keeps none either; Codex sends those with its whole
+    history each turn). Whatever is not held here is asked of the recorder when it has `find_response`, so a
+    restarted proxy still resolves a rollout's earlier answers.
+    """
+
+    def __init__(self, recorder: Recorder, max_entries: int = 1024) -> None:
+        self.recorder = recorder
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], tuple[dict, dict]] = OrderedDict()
+
+    def remember(self, call: RecordedCall) -> None:
+        response = call.response
+        if (call.api != "responses" or call.status_code != 200 or call.error is not None
+                or not isinstance(response, dict) or not isinstance(response.get("id"), str)
+                or call.request.get("store") is False):
+            return
+        # Only what a follow-up needs: not the tools and instructions a request may carry.
+        request = {k: call.request[k] for k in ("input", "previous_response_id") if k in call.request}
+        self._entries[(call.rollout_id, response["id"])] = (request, {"id": response["id"],
+                                                                      "output": response.get("output") or []})
+        self._entries.move_to_end((call.rollout_id, response["id"]))
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    async def find(self, rollout_id: str, response_id: str) -> tuple[dict, dict] | None:
+        """(request, response) of the rollout's answer `response_id`, or None when the rollout has none."""
+        hit = self._entries.get((rollout_id, response_id))
+        if hit is not None:
+            self._entries.move_to_end((rollout_id, response_id))
+            return hit
+        if isinstance(self.recorder, ResponseFinder):
+            return await self.recorder.find_response(rollout_id, response_id)
+        return None
 
 
 class RecordingQueue:
@@ -21,9 +95,18 @@ class RecordingQueue:
         self.backoff_s = backoff_s
         self._tasks: set[asyncio.Task] = set()
         self._retry_task: asyncio.Task | None = None
+        self.responses = ResponseLog(recorder)
 
     async def record(self, call: RecordedCall) -> None:
-        """Record now; on failure log it and queue the call for retry (never raises)."""
+        """Record now, one record per choice; on failure log it and queue the record for retry (never raises)."""
+        self.responses.remember(call)
+        parts = per_choice(call)
+        if len(parts) == 1:
+            await self._record_one(call)
+        else:  # side by side, so a batching recorder writes them in one transaction
+            await asyncio.gather(*(self._record_one(part) for part in parts))
+
+    async def _record_one(self, call: RecordedCall) -> None:
         try:
             await self.recorder.record(call)
         except Exception:

@@ -7,11 +7,15 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from proxy import sse
 from proxy.assemble import Accumulator
 from proxy.errors import ProxyError, check_field, error_types
 from proxy.openai_api import Adapter
+
+if TYPE_CHECKING:
+    from proxy.recording import ResponseLog
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +121,21 @@ def chat_tool_choice(choice: object) -> object:
     return choice
 
 
+def _items(items: str | list) -> list:
+    """A request's `input` as a list of items (a string is one user message)."""
+    return [{"type": "message", "role": "user", "content": items}] if isinstance(items, str) else list(items)
+
+
 class ResponsesAdapter(Adapter):
+    """Responses requests as chat completions. `previous_response_id` continues an earlier answer of the same
+    rollout: its input and output items (recursively, back along its own previous_response_id) come before the
+    new input; its `instructions` do not carry over (OpenAI's semantics)."""
+
     api = "responses"
 
     def validate(self) -> None:
         body = self.request
-        if body.get("previous_response_id") is not None:
-            raise ProxyError(400, "previous_response_id is not supported: send the whole conversation in 'input'",
-                             "unsupported_parameter")
+        check_field(body, "previous_response_id", str)
         items = check_field(body, "input", (str, list), required=True)
         instructions = check_field(body, "instructions", str)
         self.messages = input_messages(instructions, items)
@@ -134,6 +145,22 @@ class ResponsesAdapter(Adapter):
         check_field(body, "text", dict)
         self.base_id = uuid.uuid4().hex[:24]
         self.created_at = int(time.time())
+
+    async def resolve(self, responses: ResponseLog, rollout_id: str) -> None:
+        previous = self.request.get("previous_response_id")
+        if previous is None:
+            return
+        items, seen = _items(self.request["input"]), set()
+        while previous is not None and previous not in seen:  # `seen`: a corrupt chain cannot loop
+            seen.add(previous)
+            found = await responses.find(rollout_id, previous)
+            if found is None:
+                raise ProxyError(400, f"Previous response with id '{previous}' not found in this rollout.",
+                                 "previous_response_not_found")
+            request, response = found
+            items = _items(request.get("input") or []) + list(response.get("output") or []) + items
+            previous = request.get("previous_response_id")
+        self.messages = input_messages(self.request.get("instructions"), items)
 
     @property
     def has_tools(self) -> bool:
@@ -187,6 +214,7 @@ class ResponsesAdapter(Adapter):
             "model": self.model, "output": output, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "previous_response_id": body.get("previous_response_id"),
             "metadata": body.get("metadata") or {}, "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],

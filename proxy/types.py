@@ -32,6 +32,20 @@ class RecordedCall:
     started_at: float  # unix time
     upstream_response: dict | None = None  # engine's answer (streams: assembled), with token ids
     sampling_overrides: dict = field(default_factory=dict)  # harness's value of each sampling knob the proxy changed
+    choice: int = 0  # the engine choice whose tokens this record holds (see samples_asked)
+
+
+def samples_asked(api: str, request: dict) -> int:
+    """How many samples (engine choices) one harness request asks for: `n` on Chat Completions and Completions.
+
+    A call asking for n > 1 is recorded as n RecordedCalls, one per choice, with consecutive seqs reserved when
+    it is admitted, each holding the same request, response and prompt ids and its own choice's completion ids
+    and logprobs: every choice is a separate sample the policy produced, trained (and drift-classified) apart.
+    """
+    if api not in ("chat", "completions"):
+        return 1
+    n = request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,15 @@ class Recorder(Protocol):
 
 
 @runtime_checkable
+class ResponseFinder(Protocol):
+    """Optional on a Recorder: a stored Responses API answer of a rollout, for `previous_response_id`."""
+
+    async def find_response(self, rollout_id: str, response_id: str) -> tuple[dict, dict] | None:
+        """(request, response) of the rollout's successful call whose response id is `response_id`, or None."""
+        ...
+
+
+@runtime_checkable
 class RolloutDirectory(Protocol):
     """Looks up rollouts by id; called once per request, so it must be cheap."""
 
@@ -84,6 +107,13 @@ class InMemoryRecorder:
 
     def for_rollout(self, rollout_id: str) -> list[RecordedCall]:
         return sorted((c for c in self.calls if c.rollout_id == rollout_id), key=lambda c: c.seq)
+
+    async def find_response(self, rollout_id: str, response_id: str) -> tuple[dict, dict] | None:
+        for c in self.calls:
+            if (c.rollout_id == rollout_id and c.api == "responses" and c.status_code == 200 and c.error is None
+                    and isinstance(c.response, dict) and c.response.get("id") == response_id):
+                return c.request, c.response
+        return None
 
 
 @dataclass

@@ -115,6 +115,8 @@ class Upstream:
 
     def __init__(self, config: UpstreamConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
+        # vLLM serves /tokenize at its root, beside /v1 rather than under it.
+        self._root = config.base_url.rstrip("/").removesuffix("/v1") + "/"
         headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._client = httpx.AsyncClient(
             base_url=config.base_url.rstrip("/") + "/",
@@ -147,6 +149,10 @@ class Upstream:
         if not isinstance(data, dict):
             raise UpstreamUnavailable("engine answered with a JSON value that is not an object")
         return data
+
+    async def tokenize(self, body: dict) -> dict:
+        """POST vLLM's /tokenize: `{"count", "max_model_len", "tokens"}` for a prompt or chat messages."""
+        return await self.post_json(self._root + "tokenize", body)
 
     @asynccontextmanager
     async def stream(self, path: str, body: dict) -> AsyncIterator[AsyncIterator[dict]]:

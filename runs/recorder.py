@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from proxy.sampling import GREEDY
 from proxy.types import CachedDirectory, RecordedCall, RolloutInfo
 from runs import rollout_services, services
-from runs.models import Rollout
+from runs.models import ModelCall, Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,13 @@ class DjangoRecorder:
 
     async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None:
         await sync_to_async(rollout_services.report_harness_reward)(int(rollout_id), reward, detail)
+
+    async def find_response(self, rollout_id: str, response_id: str) -> tuple[dict, dict] | None:
+        """(request, response) of the rollout's answered Responses call `response_id` (a restarted proxy's
+        `previous_response_id`), or None."""
+        if not rollout_id.isdigit():
+            return None
+        return await sync_to_async(_find_response)(int(rollout_id), response_id)
 
     async def _write_batches(self) -> None:
         while self._pending:
@@ -79,6 +86,13 @@ def _rollout_info(rollout_id: int) -> RolloutInfo | None:
     # A greedy evaluation attempt samples at temperature 0; every other rollout at the run's sampling.
     return RolloutInfo(str(rollout_id), row["secret_hash"], finished, next_seq=row["call_count"],
                        sampling=dict(GREEDY) if row["greedy"] else {}, split=row["split"])
+
+
+def _find_response(rollout_id: int, response_id: str) -> tuple[dict, dict] | None:
+    row = (ModelCall.objects.filter(rollout_id=rollout_id, api="responses", status_code=200, error="",
+                                    response__id=response_id)
+           .order_by("seq").values("request", "response").first())
+    return None if row is None else (row["request"], row["response"])
 
 
 def cached_directory(ttl_s: float = 1.0) -> CachedDirectory:

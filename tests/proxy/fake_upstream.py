@@ -81,10 +81,13 @@ class FakeVLLM:
         self.answered = 0  # calls past their latency (the "engine" has answered)
         self.version = 0  # the "weights" answering now, reported as system_fingerprint "v<version>"
         self.mixed: list[str] = []  # ids of chat answers generated while the version changed
+        self.tokenized: list[dict] = []  # /tokenize bodies (kept apart from `requests`: not generation calls)
+        self.max_model_len = 4096
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),  # at the root, like vLLM's
         ])
 
     async def __call__(self, scope, receive, send) -> None:
@@ -249,3 +252,20 @@ class FakeVLLM:
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}]})
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's /tokenize: a chat body renders with the same template as chat(), a prompt encodes as is."""
+        body = await request.json()
+        self.tokenized.append(body)
+        fault = await self._fault(False)
+        if isinstance(fault, Response):
+            return fault
+        if body.get("add_generation_prompt", True) and body.get("continue_final_message"):
+            message = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
+        if "messages" in body:
+            ids = render_chat(body["messages"], body.get("tools"))
+        else:
+            ids = encode(body["prompt"])
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None})

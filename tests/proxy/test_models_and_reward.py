@@ -45,7 +45,7 @@ async def test_it_refuses_rewards_for_a_finished_rollout(client, directory, reco
 
 async def test_it_answers_404_for_unknown_endpoints_in_the_callers_format(client):
     o = await client.post("/embeddings", json={"input": "x"})
-    a = await client.post("/messages/count_tokens", json={}, headers={"anthropic-version": "2023-06-01"})
+    a = await client.post("/messages/batches", json={}, headers={"anthropic-version": "2023-06-01"})
 
     assert o.status_code == 404 and o.json()["error"]["code"] == "unknown_endpoint"
     assert a.status_code == 404 and a.json()["type"] == "error" and a.json()["error"]["type"] == "not_found_error"

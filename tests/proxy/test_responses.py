@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
+from proxy.app import create_app
 from proxy.errors import ProxyError
+from proxy.recording import ResponseLog
 from proxy.responses_api import chat_tools, input_messages
+from proxy.types import RecordedCall, UpstreamConfig
+from tests.proxy.conftest import SERVED, headers
 from tests.proxy.fake_upstream import IM_END, Reply, encode, render_chat
 
 TOOL = {"type": "function", "name": "bash", "description": "run a command", "strict": False,
@@ -66,11 +71,100 @@ async def test_it_answers_a_plain_request_and_records_token_ids(client, fake, re
     assert call.prompt_ids == render_chat(sent["messages"]) and call.completion_ids[-1] == IM_END
 
 
-async def test_it_rejects_previous_response_id(client, recorder):
-    r = await client.post("/responses", json={"model": "m", "input": "hi", "previous_response_id": "resp_1"})
+@BOTH
+async def test_it_continues_a_previous_response_without_its_instructions(client, fake, recorder, upstream_stream):
+    first = await client.post("/responses", json={"model": "m", "input": "hi", "instructions": "Be brief."})
+    body = {"model": "m", "previous_response_id": first.json()["id"], "input": "again?", "instructions": "Be terse.",
+            "stream": upstream_stream}
+    second = await client.post("/responses", json=body)
 
-    assert r.status_code == 400 and "previous_response_id is not supported" in r.json()["error"]["message"]
-    assert recorder.calls == []
+    assert second.status_code == 200
+    assert fake.requests[-1]["messages"] == [
+        {"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello! You said: hi"}, {"role": "user", "content": "again?"}]
+    call = recorder.calls[1]
+    assert call.request == body and call.prompt_ids == render_chat(fake.requests[-1]["messages"])
+    assert call.response["previous_response_id"] == first.json()["id"]
+    assert recorder.calls[0].response["previous_response_id"] is None
+
+
+async def test_it_follows_a_chain_of_previous_responses_with_tool_calls_through_the_sdk(live, fake, recorder):
+    _, base = live
+    sdk = openai.AsyncOpenAI(base_url=base + "/v1", api_key="s1", max_retries=0)
+    fake.replies.extend([Reply(text="Let me look.", tool_calls=[("bash", '{"cmd": "ls"}')]), Reply(text="a.txt"),
+                         Reply(text="Done.")])
+
+    first = await sdk.responses.create(model="gpt-5", input="What is here?", tools=[TOOL])
+    call_id = first.output[1].call_id
+    second = await sdk.responses.create(model="gpt-5", previous_response_id=first.id, tools=[TOOL],
+                                        input=[{"type": "function_call_output", "call_id": call_id, "output": "a.txt"}])
+    third = await sdk.responses.create(model="gpt-5", previous_response_id=second.id, input="Thanks", tools=[TOOL])
+    await sdk.close()
+
+    assert third.output_text == "Done." and third.previous_response_id == second.id
+    assert fake.requests[-1]["messages"] == [
+        {"role": "user", "content": "What is here?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "a.txt"},
+        {"role": "assistant", "content": "a.txt"},
+        {"role": "user", "content": "Thanks"}]
+    prompts = [c.prompt_ids for c in recorder.calls]
+    assert prompts[2][: len(prompts[1])] == prompts[1]  # each turn extends the last: the calls merge cleanly
+
+
+async def test_an_unknown_previous_response_is_a_400_naming_it(client, fake, recorder):
+    r = await client.post("/responses", json={"model": "m", "input": "hi", "previous_response_id": "resp_nope"})
+
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": "Previous response with id 'resp_nope' not found in this rollout.",
+                                  "type": "invalid_request_error", "param": None, "code": "previous_response_not_found"}}
+    assert fake.requests == [] and recorder.calls == []
+
+
+async def test_another_rollouts_response_is_not_found(proxy, client, fake, recorder):
+    first = await client.post("/responses", json={"model": "m", "input": "hi"})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy), base_url="http://proxy/rollouts/r2/v1",
+                                 headers=headers("s2")) as other:
+        r = await other.post("/responses", json={"model": "m", "input": "x", "previous_response_id": first.json()["id"]})
+
+    assert r.status_code == 400 and first.json()["id"] in r.json()["error"]["message"]
+    assert len(fake.requests) == 1 and [c.rollout_id for c in recorder.calls] == ["r1"]
+
+
+async def test_a_restarted_proxy_resolves_a_previous_response_from_the_recorder(client, fake, directory, recorder):
+    first = await client.post("/responses", json={"model": "m", "input": "hi", "store": False})
+    restarted = create_app(directory, recorder, UpstreamConfig(base_url="http://engine/v1", served_model=SERVED),
+                           transport=httpx.ASGITransport(app=fake))
+    assert restarted.records.responses._entries == {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=restarted), headers=headers(),
+                                 base_url="http://proxy/rollouts/r1/v1") as http:
+        r = await http.post("/responses", json={"model": "m", "input": "more", "previous_response_id": first.json()["id"]})
+    await restarted.aclose()
+
+    assert r.status_code == 200
+    assert [m["content"] for m in fake.requests[-1]["messages"]] == ["hi", "Hello! You said: hi", "more"]
+    assert recorder.calls[1].upstream_request["messages"] == fake.requests[-1]["messages"]
+
+
+async def test_the_response_log_is_bounded_and_falls_back_to_the_recorder(recorder):
+    log = ResponseLog(recorder, max_entries=2)
+    calls = [_responses_call(f"resp_{i}", "hi") for i in range(3)]
+    for call in calls:
+        log.remember(call)
+    recorder.calls.extend(calls[:1])  # only the first is in the "database"
+
+    assert [key[1] for key in log._entries] == ["resp_1", "resp_2"]
+    assert await log.find("r1", "resp_2") == ({"input": "hi"}, {"id": "resp_2", "output": []})
+    assert await log.find("r1", "resp_0") == (calls[0].request, calls[0].response)
+    assert await log.find("r2", "resp_2") is None
+    assert await ResponseLog(object()).find("r1", "resp_0") is None  # a recorder that cannot look answers up
+
+
+def _responses_call(response_id: str, text: str) -> RecordedCall:
+    return RecordedCall("r1", 0, "responses", {"model": "m", "input": text, "tools": [TOOL]},
+                        {"id": response_id, "object": "response", "output": []}, {}, [1], [2], [-0.1], "stop", 200, 1.0,
+                        0, None, False, 0.0)
 
 
 async def test_it_marks_a_length_cut_incomplete(client, recorder):

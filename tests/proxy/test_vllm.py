@@ -1,6 +1,7 @@
 """The proxy in front of a real vLLM (engine venv, tiny model): recorded ids are the template's and decode to the text."""
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -112,6 +113,33 @@ async def test_it_records_template_ids_for_a_responses_call_with_tools(proxied, 
     assert call.prompt_ids == tokenizer.apply_chat_template(MESSAGES, tools=[chat_tool], add_generation_prompt=True,
                                                             tokenize=True, return_dict=False)
     assert call.response["id"] == final.id and len(call.logprobs) == len(call.completion_ids)
+
+
+async def test_it_counts_tokens_with_the_engines_tokenizer_and_records_nothing(proxied, tiny):
+    """Anthropic count_tokens through vLLM's /tokenize: the template's own count, equal to the call's input_tokens."""
+    http, recorder = proxied
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    schema = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
+    tool = {"name": "bash", "description": "run a command", "input_schema": schema}
+    chat_tool = {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": schema}}
+    sdk = anthropic.AsyncAnthropic(base_url="http://proxy/rollouts/r1", api_key="s1", http_client=http, max_retries=0)
+    prefill = [MESSAGES[1], {"role": "assistant", "content": "CALC:"}]
+
+    counted = await sdk.messages.count_tokens(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
+                                              messages=[MESSAGES[1]], tools=[tool])
+    continued = await sdk.messages.count_tokens(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
+                                                messages=prefill)
+    message = await sdk.messages.create(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
+                                        messages=[MESSAGES[1]], tools=[tool], max_tokens=8, temperature=0.0)
+
+    rendered = tokenizer.apply_chat_template(MESSAGES, tools=[chat_tool], add_generation_prompt=True, tokenize=True,
+                                             return_dict=False)
+    prefilled = tokenizer.apply_chat_template([MESSAGES[0], *prefill], continue_final_message=True,
+                                              add_generation_prompt=False, tokenize=True, return_dict=False)
+    assert counted.input_tokens == len(rendered) == message.usage.input_tokens
+    assert continued.input_tokens == len(prefilled)
+    [call] = recorder.calls  # the messages call only: counting is not a model call
+    assert call.api == "messages" and call.prompt_ids == rendered
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0, "top_p": 1.0, "top_k": -1}])

@@ -11,6 +11,7 @@ from proxy.types import RecordedCall, UpstreamConfig
 from runs import rollout_services, services
 from runs.models import ModelCall, Rollout, RunEvent
 from runs.recorder import DjangoDirectory, DjangoRecorder, cached_directory
+from tests.proxy.fake_n_choices import NChoiceVLLM, logprob, text
 from tests.proxy.fake_upstream import IM_END, FakeVLLM, encode, render_chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -133,9 +134,67 @@ async def test_a_failing_write_reaches_the_caller(rollouts, monkeypatch):
         await DjangoRecorder().record(_call(rollout.pk, 0))
 
 
-def _call(rollout_id, seq, status=200, error=None, text="ok"):
-    return RecordedCall(rollout_id=str(rollout_id), seq=seq, api="chat", request={"messages": MESSAGES},
-                        response=None if error else {"text": text}, upstream_request={}, prompt_ids=[1, 2],
+async def test_a_restarted_proxy_resolves_previous_response_id_from_the_stored_calls(proxy, rollouts):
+    _, [(rollout, secret), (other, other_secret), _] = rollouts
+    first = await sdk(proxy, rollout.pk, secret).responses.create(model="m", input="hi", instructions="Be brief.")
+    restarted = create_app(cached_directory(), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
+                           served_model="tiny"), transport=httpx.ASGITransport(app=FakeVLLM()))
+    second = await sdk(restarted, rollout.pk, secret).responses.create(model="m", input="more",
+                                                                       previous_response_id=first.id)
+    with pytest.raises(openai.BadRequestError, match=first.id):
+        await sdk(restarted, other.pk, other_secret).responses.create(model="m", input="x", previous_response_id=first.id)
+    await restarted.aclose()
+
+    assert second.previous_response_id == first.id
+    calls = await sync_to_async(lambda: list(ModelCall.objects.filter(rollout=rollout).order_by("seq")))()
+    assert [c.seq for c in calls] == [0, 1] and calls[1].request["previous_response_id"] == first.id
+    assert calls[1].prompt_ids == render_chat([{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "Hello! You said: hi"},
+                                               {"role": "user", "content": "more"}])
+    assert await sync_to_async(ModelCall.objects.filter(rollout=other).count)() == 0
+
+
+async def test_find_response_reads_only_the_rollouts_answered_responses_calls(rollouts):
+    _, [(rollout, _), (other, _), _] = rollouts
+    recorder = DjangoRecorder()
+    answered = _call(rollout.pk, 0, api="responses", response={"id": "resp_a", "output": []})
+    await recorder.record(answered)
+    await recorder.record(_call(rollout.pk, 1, api="responses", status=499, error="client disconnected",
+                                response={"id": "resp_b", "output": []}))
+    await recorder.record(_call(rollout.pk, 2, api="chat", response={"id": "resp_c"}))
+
+    assert await recorder.find_response(str(rollout.pk), "resp_a") == (answered.request, answered.response)
+    assert await recorder.find_response(str(rollout.pk), "resp_b") is None  # the harness never had it
+    assert await recorder.find_response(str(rollout.pk), "resp_c") is None  # not a Responses call
+    assert await recorder.find_response(str(other.pk), "resp_a") is None
+    assert await recorder.find_response("not-a-number", "resp_a") is None
+
+
+async def test_each_choice_of_an_n_call_is_stored_as_a_call(rollouts):
+    _, [(rollout, secret), *_] = rollouts
+    app = create_app(cached_directory(), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
+                     served_model="tiny"), transport=httpx.ASGITransport(app=NChoiceVLLM()))
+    client = sdk(app, rollout.pk, secret)
+    single = await client.chat.completions.create(model="tiny", messages=MESSAGES)
+    double = await client.chat.completions.create(model="tiny", messages=MESSAGES, n=2)
+    await app.aclose()
+
+    assert single.choices[0].message.content == text(0)
+    assert [c.message.content for c in double.choices] == [text(0), text(1)]
+    calls = await sync_to_async(lambda: list(ModelCall.objects.filter(rollout=rollout).order_by("seq")))()
+    assert [c.seq for c in calls] == [0, 1, 2] and all(c.status_code == 200 and c.error == "" for c in calls)
+    assert calls[1].prompt_ids == calls[2].prompt_ids == render_chat(MESSAGES)
+    assert [c.completion_ids for c in calls[1:]] == [encode(text(0)) + [IM_END], encode(text(1)) + [IM_END]]
+    assert calls[2].logprobs == pytest.approx([logprob(1, i) for i in range(len(text(1)) + 1)])
+    assert calls[1].request == calls[2].request and calls[1].request["n"] == 2
+    assert (await sync_to_async(Rollout.objects.get)(pk=rollout.pk)).call_count == 3
+
+
+def _call(rollout_id, seq, status=200, error=None, text="ok", api="chat", response=None):
+    if response is None and not error:
+        response = {"text": text}
+    return RecordedCall(rollout_id=str(rollout_id), seq=seq, api=api, request={"messages": MESSAGES},
+                        response=response, upstream_request={}, prompt_ids=[1, 2],
                         completion_ids=[3] if not error else [], logprobs=[-0.5] if not error else [],
                         finish_reason="stop" if not error else None, status_code=status, latency_ms=3.0,
                         policy_version=1, error=error, stream=False, started_at=0.0)
