@@ -1,7 +1,6 @@
 """The proxy in front of a real vLLM (engine venv, tiny model): recorded ids are the template's and decode to the text."""
 from __future__ import annotations
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -122,22 +121,26 @@ async def test_it_counts_tokens_with_the_engines_tokenizer_and_records_nothing(p
     schema = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
     tool = {"name": "bash", "description": "run a command", "input_schema": schema}
     chat_tool = {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": schema}}
-    sdk = anthropic.AsyncAnthropic(base_url="http://proxy/rollouts/r1", api_key="s1", http_client=http, max_retries=0)
     prefill = [MESSAGES[1], {"role": "assistant", "content": "CALC:"}]
+    headers = {"x-api-key": "s1", "anthropic-version": "2023-06-01"}
+    base = {"model": "claude-sonnet-4-5", "system": MESSAGES[0]["content"]}
 
-    counted = await sdk.messages.count_tokens(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
-                                              messages=[MESSAGES[1]], tools=[tool])
-    continued = await sdk.messages.count_tokens(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
-                                                messages=prefill)
-    message = await sdk.messages.create(model="claude-sonnet-4-5", system=MESSAGES[0]["content"],
-                                        messages=[MESSAGES[1]], tools=[tool], max_tokens=8, temperature=0.0)
+    async def post(path: str, body: dict) -> dict:  # raw HTTP: this anthropic SDK wants its own httpx fork
+        r = await http.post(f"http://proxy/rollouts/r1/v1/{path}", json={**base, **body}, headers=headers)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    counted = (await post("messages/count_tokens", {"messages": [MESSAGES[1]], "tools": [tool]}))["input_tokens"]
+    continued = (await post("messages/count_tokens", {"messages": prefill}))["input_tokens"]
+    message = await post("messages", {"messages": [MESSAGES[1]], "tools": [tool], "max_tokens": 8,
+                                      "temperature": 0.0})
 
     rendered = tokenizer.apply_chat_template(MESSAGES, tools=[chat_tool], add_generation_prompt=True, tokenize=True,
                                              return_dict=False)
     prefilled = tokenizer.apply_chat_template([MESSAGES[0], *prefill], continue_final_message=True,
                                               add_generation_prompt=False, tokenize=True, return_dict=False)
-    assert counted.input_tokens == len(rendered) == message.usage.input_tokens
-    assert continued.input_tokens == len(prefilled)
+    assert counted == len(rendered) == message["usage"]["input_tokens"]
+    assert continued == len(prefilled)
     [call] = recorder.calls  # the messages call only: counting is not a model call
     assert call.api == "messages" and call.prompt_ids == rendered
 
