@@ -26,6 +26,7 @@ from django.db.models.functions import Substr
 from runs import events, selectors
 from runs.models import FailureKind, Metric, ModelCall, Rollout, Run, RunEvent, Sample, Split
 from trainer.config import TrainerConfig
+from trainer.samples import drop_reason
 
 FLAGS = ("flipped", "fail_to_pass", "pass_to_fail", "never_solved")
 ERROR_PREVIEW = 300
@@ -165,8 +166,7 @@ def _dropped(attempts: list[dict], calls: list[dict]) -> dict[str, Any]:
     for a in attempts:
         reason = a["drop_reason"]
         if not reason and not a["samples"]:  # a run recorded before drop_reason: say what the row shows
-            reason = (f"infra_failure: {a['error']}".strip() if a["failure_kind"] == FailureKind.INFRA
-                      else "no_sampled_tokens")
+            reason = drop_reason(a["failure_kind"], a["error"])
         if reason:
             dropped.append({"rollout": a["rollout"], "group": a["group"], "attempt": a["attempt"],
                             "reason": reason, "kind": reason.split(":", 1)[0]})

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 CLEAN, REALIGN, FORK = "clean", "realign", "fork"
+POLICY_FAILURE, INFRA_FAILURE = "policy", "infra"
+"""A failed rollout's kind: the policy's (trained with failure_reward) or the infrastructure's (left out)."""
 DRIFT_CLASSES = (CLEAN, REALIGN, FORK)
 
 Decode = Callable[[Sequence[int]], str]
@@ -167,3 +169,12 @@ def realign_cut(tokens: Sequence[int], prompt: Sequence[int], decode: Decode) ->
         if not target.startswith(text[:-4]):
             return None  # diverged (the last few characters may still be a partial multi-byte character)
     return None
+
+
+def drop_reason(failure_kind: str, error: str) -> str:
+    """Why a rollout gave its step no trained sample: 'infra_failure[: <error>]' (left out of the loss and the
+    baseline) or 'no_sampled_tokens' (no call of it returned a sampled token). Torch-free, so the web pages that
+    explain old runs' steps share it with the scheduler."""
+    if failure_kind == INFRA_FAILURE:
+        return f"infra_failure: {error}" if error else "infra_failure"
+    return "no_sampled_tokens"

@@ -19,7 +19,7 @@ from torch import nn
 from trainer.algorithms import broadcast_to_samples, compute_advantages
 from trainer.config import TrainerConfig
 from trainer.policy import Policy
-from trainer.samples import CallRecord, Decode, Sample, build_samples
+from trainer.samples import INFRA_FAILURE, POLICY_FAILURE, CallRecord, Decode, Sample, build_samples, drop_reason
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ class GroupRequest:
     """Policy version at admission: staleness is counted from it."""
 
 
-POLICY_FAILURE, INFRA_FAILURE = "policy", "infra"
 FAILURE_KINDS = ("", POLICY_FAILURE, INFRA_FAILURE)
 
 
@@ -422,7 +421,7 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
     metrics["groups/total"] = float(len({r.group_id for r in rollouts}))
     metrics["groups/with_signal"] = float(sum(max(v) > min(v) for v in by_group.values()))
     metrics["samples/trained"] = float(len(trained))
-    metrics["samples/dropped_rollouts"] = float(len({r.rollout_id for r in rollouts} - {t.rollout_id for t in trained}))
+    metrics["samples/dropped_rollouts"] = float(len(dropped_rollouts(rollouts, trained)))
     return metrics
 
 
@@ -434,9 +433,8 @@ def dropped_rollouts(rollouts: Sequence[RolloutResult], trained: Sequence[Traine
     Staleness never drops a rollout: a group at the staleness bound is forced into the next batch.
     """
     kept = {t.rollout_id for t in trained}
-    return {r.rollout_id: (("infra_failure: " + r.error if r.error else "infra_failure")
-                           if r.failure_kind == INFRA_FAILURE else "no_sampled_tokens")
-            for r in rollouts if r.rollout_id not in kept}
+    return {r.rollout_id: drop_reason(r.failure_kind, r.error) for r in rollouts if r.rollout_id not in kept}
+
 
 
 async def run(policy: Policy, engine: Engine, source: RolloutSource, **kwargs) -> list[StepReport]:
