@@ -38,6 +38,7 @@ class Command(BaseCommand):
         if not options["no_demo"]:
             ensure_smollm2(self.stdout.write)
             call_command("load_demo", username=user.username, verbosity=1)
+            call_command("load_harness_templates", username=user.username, verbosity=1)
         children = self._start(options)
         url = f"http://{'127.0.0.1' if options['host'] in ('0.0.0.0', '::') else options['host']}:{options['port']}/"
         try:

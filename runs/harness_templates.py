@@ -1,0 +1,130 @@
+"""Ready-made harnesses: the templates in examples/harnesses/ (Codex CLI, Claude Code, OpenCode, mini-SWE-agent,
+OpenHands), offered to every user.
+
+A template is a `<slug>.harness.json` file beside the runner script it starts (its format: examples/harnesses/README.md).
+Its command and env may name `${python}` (the app's Python), `${here}` (the template's folder) and `${tools}` (where
+scripts/install-harnesses puts the agents); they are filled when a user's harness is made from it, so the harness
+row holds plain paths the executor runs as they are.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from runs.models import Harness
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "examples" / "harnesses"
+REQUIRED = ("slug", "title", "description", "tool", "api", "streaming", "command", "env", "timeout_s")
+_TOKEN = re.compile(r"\$\{(python|here|tools)\}")
+
+
+class TemplateError(ValueError):
+    """A template file that cannot be used as it is; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Template:
+    slug: str
+    title: str
+    description: str
+    tool: str
+    api: str
+    streaming: bool
+    path: Path
+    raw: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        """The Harness fields a user's copy gets: the template's command and env with ${...} filled."""
+        values = {"python": sys.executable, "here": str(self.path.parent), "tools": str(tools_dir())}
+
+        def fill(text: str) -> str:
+            return _TOKEN.sub(lambda m: values[m.group(1)], text)
+
+        return {"name": self.slug, "description": f"{self.title}: {self.description}",
+                "command": [fill(arg) for arg in self.raw["command"]],
+                "env": {key: fill(value) for key, value in self.raw["env"].items()},
+                "executor": "local", "timeout_s": int(self.raw["timeout_s"])}
+
+    @property
+    def example_task(self) -> dict[str, Any] | None:
+        return self.raw.get("example_task")
+
+    def installed_version(self) -> str | None:
+        """The version scripts/install-harnesses recorded for this template's agent, or None when it is missing."""
+        return installed_versions().get(self.tool)
+
+
+def tools_dir() -> Path:
+    return Path(settings.LIGHTNING_HARNESS_TOOLS_DIR)
+
+
+def installed_versions() -> dict[str, str]:
+    """{tool: version} from the tools folder's versions.json ({} when nothing was installed)."""
+    try:
+        data = json.loads((tools_dir() / "versions.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _read(path: Path) -> Template:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TemplateError(f"{path}: {exc}") from exc
+    missing = [key for key in REQUIRED if key not in raw]
+    if missing:
+        raise TemplateError(f"{path}: missing {', '.join(missing)}")
+    if not (isinstance(raw["command"], list) and all(isinstance(a, str) for a in raw["command"]) and raw["command"]):
+        raise TemplateError(f"{path}: command must be a non-empty list of strings")
+    if not (isinstance(raw["env"], dict) and all(isinstance(v, str) for v in raw["env"].values())):
+        raise TemplateError(f"{path}: env must map names to strings")
+    return Template(raw["slug"], raw["title"], raw["description"], raw["tool"], raw["api"], bool(raw["streaming"]),
+                    path.resolve(), raw)
+
+
+@cache
+def templates() -> tuple[Template, ...]:
+    """Every template, ordered by slug; two templates with one slug are an error."""
+    found = sorted((_read(p) for p in TEMPLATES_DIR.glob("*/*.harness.json")), key=lambda t: t.slug)
+    slugs = [t.slug for t in found]
+    if len(set(slugs)) != len(slugs):
+        raise TemplateError(f"duplicate template slugs in {TEMPLATES_DIR}: {slugs}")
+    return tuple(found)
+
+
+def load(slug: str) -> Template:
+    for template in templates():
+        if template.slug == slug:
+            return template
+    raise KeyError(f"no harness template {slug!r} (have: {', '.join(t.slug for t in templates())})")
+
+
+def add_for(user, slug: str) -> Harness:
+    """The user's harness made from template `slug` (services.ServiceError when a harness has that name)."""
+    from runs import services
+
+    if Harness.objects.filter(owner=user, name=slug).exists():
+        raise services.ServiceError(f"you already have a harness named {slug!r}: rename it to add the template again")
+    return services.create_harness(user, **load(slug).fields())
+
+
+def ensure_for(user) -> list[Harness]:
+    """Every template as one of the user's harnesses, made where missing (kept as they are where present)."""
+    from runs import services
+
+    made = []
+    with transaction.atomic():
+        have = set(Harness.objects.filter(owner=user).values_list("name", flat=True))
+        for template in templates():
+            if template.slug not in have:
+                made.append(services.create_harness(user, **template.fields()))
+    return made
