@@ -166,9 +166,14 @@ def calls_of(rollout_id: int) -> tuple[tuple[CallRecord, ...], str]:
                       "policy_version"))
     trouble = next((f"engine or proxy error on call {c.seq}: {c.error or c.status_code}" for c in rows
                     if c.status_code in ENGINE_TROUBLE), "")
-    calls = tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
-                             logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
-                             policy_version=c.policy_version)
-                  for c in rows if c.status_code == 200 and not c.error and c.completion_ids
-                  and len(c.logprobs) == len(c.completion_ids))
-    return calls, trouble
+    return trainable_calls(rows), trouble
+
+
+def trainable_calls(rows) -> tuple[CallRecord, ...]:
+    """The calls the trainer may learn from (delivered, with complete token capture) as CallRecords, in the given
+    order. `rows` are ModelCall rows or the proxy's RecordedCalls (the harness check's): both carry these fields."""
+    return tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
+                            logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
+                            policy_version=c.policy_version)
+                 for c in rows if c.status_code == 200 and not c.error and c.completion_ids
+                 and len(c.logprobs) == len(c.completion_ids))
