@@ -1,7 +1,8 @@
 """Admin registrations for every table of the domain."""
 from django.contrib import admin
 
-from runs.models import Dataset, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample, Task
+from runs.models import (Dataset, Harness, HarnessCheck, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample,
+                         Task)
 
 
 @admin.register(Harness)
@@ -67,3 +68,10 @@ class MetricAdmin(admin.ModelAdmin):
 class RunEventAdmin(admin.ModelAdmin):
     list_display = ("run", "seq", "kind", "created_at")
     raw_id_fields = ("run",)
+
+
+@admin.register(HarnessCheck)
+class HarnessCheckAdmin(admin.ModelAdmin):
+    list_display = ("harness", "harness_version", "engine", "model", "status", "owner", "created_at")
+    list_filter = ("status", "engine")
+    raw_id_fields = ("harness", "reward_script", "owner")

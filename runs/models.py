@@ -367,3 +367,59 @@ class RunEvent(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_run_seq")]
+
+
+class CheckStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    """The check itself could not run (a missing tokenizer, a crash); a harness that fails gets a report instead."""
+
+
+class CheckEngine(models.TextChoices):
+    SCRIPTED = "scripted", "Scripted engine"
+    """Deterministic answers (proxy.scripted_engine) rendered with the chosen model's own tokenizer and template."""
+    VLLM = "vllm", "The model on vLLM"
+    """The chosen model's own answers, served by vLLM as a run serves it (minutes to start; on the runs worker)."""
+
+
+class HarnessCheck(Owned):
+    """One run of a harness on one task through the proxy, before a real run: what was recorded and trained."""
+
+    harness = models.ForeignKey(Harness, on_delete=models.CASCADE, related_name="checks")
+    harness_version = models.PositiveIntegerField(help_text="The harness version the check ran")
+    task = models.JSONField(help_text="The full task: the harness sees it without its reward-only fields")
+    task_source = models.JSONField(
+        default=dict, blank=True,
+        help_text='Where the task came from: {"dataset": id, "dataset_name", "task_id"} or {"typed": true}, with '
+                  'the "hidden_fields" the harness does not see')
+    reward_script = models.ForeignKey(RewardScript, null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="checks")
+    engine = models.CharField(max_length=20, choices=CheckEngine.choices, default=CheckEngine.SCRIPTED)
+    model = models.CharField(max_length=500, help_text="Registry model whose tokenizer renders prompts and answers")
+    status = models.CharField(max_length=20, choices=CheckStatus.choices, default=CheckStatus.QUEUED)
+    report = models.JSONField(default=dict, blank=True, help_text="runs.harness_check CheckResult.report()")
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["harness", "-created_at"], name="check_harness_created")]
+
+    def __str__(self) -> str:
+        return f"check {self.pk} of harness {self.harness_id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED)
+
+    def harness_task(self) -> dict:
+        """The task as the harness sees it: its reward-only fields left out (the reward gets the full task)."""
+        return harness_view(self.task, self.task_source.get("hidden_fields", hidden_fields()))
+
+    @property
+    def verdict(self) -> str:
+        """The report's ok | warning | fail, or '' while there is no report."""
+        return self.report.get("verdict", "")

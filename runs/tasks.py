@@ -6,7 +6,8 @@ import logging
 from celery import shared_task
 from django.db import transaction
 
-from runs import durability, model_imports, orchestrator, rollout_services, services
+# check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check
+from runs import check_tasks, durability, model_imports, orchestrator, rollout_services, services  # noqa: F401
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from rest_framework import serializers
 from runs import selectors
 from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names
 from runs.executor import PLACEHOLDERS
-from runs.models import (Dataset, Executor, Harness, Metric, ModelCall, RewardScript, Rollout, Run, RunEvent, Sample,
-                         Task)
+from runs.models import (CheckEngine, Dataset, Executor, Harness, HarnessCheck, Metric, ModelCall, RewardScript,
+                         Rollout, Run, RunEvent, Sample, Task)
 
 HARNESS_PLACEHOLDERS = frozenset(PLACEHOLDERS)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -311,3 +311,39 @@ class RolloutDetailSerializer(RolloutSerializer):
 
     class Meta(RolloutSerializer.Meta):
         fields = RolloutSerializer.Meta.fields + ["task_data", "stdout_tail", "stderr_tail", "calls", "samples"]
+
+
+class HarnessCheckSerializer(serializers.ModelSerializer):
+    verdict = serializers.CharField(read_only=True, help_text="ok | warning | fail once the report is in; '' before")
+
+    class Meta:
+        model = HarnessCheck
+        fields = ["id", "harness", "harness_version", "task", "task_source", "reward_script", "engine", "model",
+                  "status", "verdict", "report", "error", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class HarnessCheckCreateSerializer(serializers.Serializer):
+    """The task is typed (`task`) or one of the user's datasets' (`dataset` with `task_id`, its id in the dataset)."""
+
+    task = serializers.JSONField(required=False, help_text="A task object, as in a dataset")
+    dataset = OwnedPrimaryKeyRelatedField(queryset=Dataset.objects.all(), required=False)
+    task_id = serializers.CharField(required=False, max_length=200, help_text="The task's id in `dataset`")
+    reward_script = OwnedPrimaryKeyRelatedField(queryset=RewardScript.objects.all(), required=False, allow_null=True)
+    model = serializers.CharField(max_length=500, help_text="A registry model with tokenizer files")
+    engine = serializers.ChoiceField(choices=CheckEngine.choices, default=CheckEngine.SCRIPTED)
+
+    def validate(self, attrs):
+        typed, dataset, task_id = attrs.pop("task", None), attrs.pop("dataset", None), attrs.pop("task_id", None)
+        if (typed is None) == (dataset is None):
+            raise serializers.ValidationError({"task": "give either a task object or a dataset with a task_id"})
+        if typed is not None:
+            if not isinstance(typed, dict):
+                raise serializers.ValidationError({"task": "a task is a JSON object, as in a dataset"})
+            return {**attrs, "task": typed}
+        if not task_id:
+            raise serializers.ValidationError({"task_id": f"which task of dataset {dataset.name!r}? give its id"})
+        task = dataset.tasks.select_related("dataset").filter(external_id=task_id).first()
+        if task is None:
+            raise serializers.ValidationError({"task_id": f"dataset {dataset.name!r} has no task {task_id!r}"})
+        return {**attrs, "task": task}

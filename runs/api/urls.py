@@ -5,6 +5,7 @@ from runs.api import views
 
 router = DefaultRouter()
 router.register("harnesses", views.HarnessViewSet, basename="harness")
+router.register("harness-checks", views.HarnessCheckViewSet, basename="harnesscheck")
 router.register("datasets", views.DatasetViewSet, basename="dataset")
 router.register("tasks", views.TaskViewSet, basename="task")
 router.register("reward-scripts", views.RewardScriptViewSet, basename="rewardscript")

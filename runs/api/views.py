@@ -12,12 +12,13 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from runs import registry, selectors, services
+from runs import check_services, registry, selectors, services
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
 from runs.api.renderers import JSONLinesRenderer
 from runs.export import export_response
-from runs.models import Dataset, Harness, ModelCall, RewardScript, Rollout, RolloutStatus, Run, Sample, Split, Task
+from runs.models import (Dataset, Harness, HarnessCheck, ModelCall, RewardScript, Rollout, RolloutStatus, Run, Sample,
+                         Split, Task)
 from runs.rollout_queries import QueryError, RolloutQuery
 
 
@@ -48,6 +49,28 @@ class HarnessViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         services.delete_harness(instance, self.request.user)  # refused (409) while a run uses it
+
+    @extend_schema(methods=["GET"], request=None, responses=s.HarnessCheckSerializer(many=True))
+    @extend_schema(methods=["POST"], request=s.HarnessCheckCreateSerializer, responses={202: s.HarnessCheckSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def checks(self, request, pk=None):
+        """POST: queue a check (the harness run once on one task through the proxy); GET: its checks, newest first."""
+        harness = self.get_object()
+        if request.method == "GET":
+            rows = selectors.owned(harness.checks.all(), request.user)
+            return self.get_paginated_response(s.HarnessCheckSerializer(self.paginate_queryset(rows), many=True).data)
+        body = s.HarnessCheckCreateSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        check = check_services.start_harness_check(request.user, harness, **body.validated_data)
+        return Response(s.HarnessCheckSerializer(check).data, status=status.HTTP_202_ACCEPTED)
+
+
+class HarnessCheckViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """Harness checks: queued through POST /harnesses/<id>/checks/; their status and report here."""
+
+    queryset = HarnessCheck.objects.all()
+    serializer_class = s.HarnessCheckSerializer
+    filterset_fields = ["harness", "status"]
 
 
 class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
