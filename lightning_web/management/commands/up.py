@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
+from lightning_web import embedded_redis
 from lightning_web.supervisor import Supervisor
 from runs.management.commands.models import ensure_smollm2
 
@@ -51,6 +52,8 @@ class Command(BaseCommand):
             self._supervise(children)
         finally:
             children.stop()
+            if not os.environ.get("REDIS_URL"):  # the data dir's embedded Redis (settings started it): ours to stop
+                embedded_redis.stop(settings.DATA_DIR)
 
     def _first_user(self):
         User = get_user_model()
