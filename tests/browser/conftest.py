@@ -76,3 +76,13 @@ def page(browser, live_url):
     page.on("request", lambda r: None if r.url.startswith((live_url, "data:", "blob:")) else page.outside.append(r.url))
     yield page
     page.close()
+
+
+@pytest.fixture
+def console(page):
+    """Every console error and uncaught page error of `page`, as 'url: text' lines (a test asserts it stays empty)."""
+    errors = []
+    page.on("console", lambda msg: errors.append(f"{msg.location.get('url')}: {msg.text}")
+            if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    return errors

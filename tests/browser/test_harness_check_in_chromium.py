@@ -37,15 +37,6 @@ def run_task(check_id: int) -> str:
     return statuses[0]
 
 
-@pytest.fixture
-def console(page):  # noqa: F811
-    errors = []
-    page.on("console", lambda msg: errors.append(f"{msg.location.get('url')}: {msg.text}")
-            if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    return errors
-
-
 def test_check_a_harness_and_read_its_report(page, live_url, alice, agent_harness, make_reward,  # noqa: F811
                                              console):
     make_reward(alice, name="files", source=REWARD)

@@ -25,15 +25,6 @@ def shot(page, name: str) -> None:  # noqa: F811
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-@pytest.fixture
-def console(page):  # noqa: F811
-    errors = []
-    page.on("console", lambda msg: errors.append(f"{msg.location.get('url')}: {msg.text}")
-            if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    return errors
-
-
 def argv_values(page):  # noqa: F811
     return page.locator("#argv-rows input[name=argv]").evaluate_all("inputs => inputs.map(i => i.value)")
 

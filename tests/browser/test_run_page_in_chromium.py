@@ -33,15 +33,6 @@ def step_metrics(step: int) -> dict[str, float]:
 
 
 @pytest.fixture
-def console(page):
-    errors = []
-    page.on("console", lambda msg: errors.append(f"{msg.location.get('url')}: {msg.text}")
-            if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    return errors
-
-
-@pytest.fixture
 def running_run(alice, make_run):
     run = make_run(alice, name="<i>live</i> run", config={"steps": 10})
     services.claim_run(run.pk, "task")
