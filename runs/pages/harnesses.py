@@ -51,7 +51,7 @@ class HarnessCheckForm(RewardTestForm):
         data = self.cleaned_data
         task = self.task_row if data["task_source"] == "dataset" else data["task_data"]
         return check_services.start_harness_check(self.user, harness, task=task, model=data["model"],
-                                            reward_script=data["reward_script"], engine=data["engine"])
+                                                  reward_script=data["reward_script"], engine=data["engine"])
 
 
 @login_required
