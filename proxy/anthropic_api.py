@@ -168,6 +168,8 @@ class MessagesAdapter(Adapter):
     def validate(self) -> None:
         body = self.request
         messages = check_field(body, "messages", list, required=True)
+        if not messages:  # as Anthropic's API: no turn to answer (the engine would fail on it)
+            raise ProxyError(400, "field 'messages' must not be empty", "invalid_value")
         check_field(body, "max_tokens", int, required=True)
         self.messages = chat_messages(check_field(body, "system", (str, list)), messages)
         self.tools = chat_tools(check_field(body, "tools", list) or [])

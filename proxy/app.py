@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -122,6 +123,63 @@ async def _hung_up(receive) -> None:
     """Return once the client disconnects (its body was read already, so nothing else arrives)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of arrays and objects a request may have. Real tool schemas nest under 20 levels; near
+Python's recursion limit (about 950 here) encoding the engine request or the record fails instead."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A \\uD800-\\uDFFF escape in raw JSON: only then can the parsed body hold a lone surrogate."""
+
+
+def _parse_json(raw: bytes, finite: bool = True) -> object:
+    """The body parsed as strict JSON, or a 400 naming what is wrong.
+
+    Refused beyond json's grammar, because each would fail later, as a 500 or a lost record: NaN and
+    infinities (not JSON; the engine and PostgreSQL reject them), lone UTF-16 surrogates (no UTF-8 encoding,
+    so neither the engine request nor the record can be written) and nesting past Python's recursion limit.
+    """
+    too_deep = ProxyError(400, f"request body is nested too deeply (over {MAX_JSON_DEPTH} levels)", "invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float) if finite else json.loads(raw)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError:
+        raise ProxyError(400, "request body is not valid JSON", "invalid_json") from None
+    if _nests_deeper(raw, body, MAX_JSON_DEPTH):
+        raise too_deep
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProxyError(400, "request body holds a lone UTF-16 surrogate (invalid Unicode)",
+                             "invalid_json") from None
+    return body
+
+
+def _nests_deeper(raw: bytes, body: object, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep (bracket count first: most bodies skip the walk)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack = [(body, 1)] if isinstance(body, (dict, list)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
 
 
 def _token_gap(answer: dict, tokens: Tokens) -> str | None:
@@ -246,7 +304,12 @@ class ProxyApp:
             raise ProxyError(409, f"rollout '{info.rollout_id}' is finished", "rollout_finished")
         return info
 
-    async def _read_json(self, request: Request) -> object:
+    async def _read_json(self, request: Request, finite: bool = True) -> object:
+        """The body as JSON; `finite=False` lets NaN and infinities through for a caller that names its field."""
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # never inflated here: a gzip bomb costs us nothing
+            raise ProxyError(415, f"Content-Encoding '{encoding}' is not supported; send the body uncompressed",
+                             "unsupported_content_encoding")
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
             raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
@@ -256,10 +319,7 @@ class ProxyApp:
             if size > self.max_body_bytes:
                 raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
             parts.append(part)
-        try:
-            return json.loads(b"".join(parts))
-        except ValueError:
-            raise ProxyError(400, "request body is not valid JSON", "invalid_json") from None
+        return _parse_json(b"".join(parts), finite)
 
     def _take_seq(self, info: RolloutInfo, count: int = 1) -> int:
         seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
@@ -429,7 +489,7 @@ class ProxyApp:
     async def _reward(self, request: Request) -> Response:
         try:
             info = await self._rollout(request)
-            body = await self._read_json(request)
+            body = await self._read_json(request, finite=False)  # a NaN reward is told so below
             if not isinstance(body, dict):
                 raise ProxyError(400, "request body must be a JSON object", "invalid_body")
             reward = check_field(body, "reward", (int, float), required=True)

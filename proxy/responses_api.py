@@ -139,6 +139,8 @@ class ResponsesAdapter(Adapter):
         items = check_field(body, "input", (str, list), required=True)
         instructions = check_field(body, "instructions", str)
         self.messages = input_messages(instructions, items)
+        if not self.messages and body.get("previous_response_id") is None:  # nothing at all for the engine
+            raise ProxyError(400, "field 'input' must not be empty", "invalid_value")
         self.tools = chat_tools(check_field(body, "tools", list) or [])
         check_field(body, "tool_choice", (str, dict))
         check_field(body, "max_output_tokens", int)
