@@ -4,7 +4,8 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import IntegrityError
 from django.http import Http404
-from rest_framework import exceptions, status
+from drf_spectacular.openapi import AutoSchema
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
@@ -61,3 +62,31 @@ def _summary(data, prefix="") -> str:
     else:
         parts.append(f"{prefix}: {data}" if prefix else str(data))
     return "; ".join(p for p in parts if p)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.JSONField(required=False, help_text="Per-field messages of a validation error")
+    lines = serializers.JSONField(required=False, help_text="Per-line messages of a rejected dataset")
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()
+
+
+ERROR_STATUSES = (400, 401, 403, 404, 405, 406, 409, 415)
+"""What the handler above can answer on any API operation: bad input, no or wrong credentials, someone else's row,
+a method or media type the operation does not serve, a refused transition or a row in use."""
+
+
+class DocumentedErrorsSchema(AutoSchema):
+    """AutoSchema that also documents the error answers, so the published schema is true of every response
+    (schemathesis checks status codes and bodies against it) and clients know the error shape."""
+
+    def _get_response_bodies(self, direction="response"):
+        bodies = super()._get_response_bodies(direction)
+        for code in map(str, ERROR_STATUSES):
+            bodies.setdefault(code, self._get_response_for_code(ErrorSerializer, code, direction=direction))
+        return bodies

@@ -159,7 +159,7 @@ class FieldNamesField(serializers.Field):
         return list(value)
 
 
-class DatasetSerializer(serializers.ModelSerializer):
+class DatasetSerializer(UniqueNameMixin, serializers.ModelSerializer):
     hidden_fields = serializers.ListField(child=serializers.CharField(), read_only=True,
                                           help_text="The dataset's own reward-only fields, set at upload")
     reward_only_fields = serializers.ListField(
