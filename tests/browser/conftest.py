@@ -68,10 +68,35 @@ def browser():
         chromium.close()
 
 
+def _wait_for_function(page):
+    """page.wait_for_function that polls through page.evaluate. Playwright's own re-runs the expression with
+    `eval` inside the page, which the app's Content-Security-Policy (no 'unsafe-eval') refuses; an evaluate
+    comes through DevTools, which the policy lets through, so the pages are tested under the real policy."""
+    from playwright.sync_api import Error, TimeoutError
+
+    def wait(expression, *, arg=None, timeout=None):
+        deadline = time.monotonic() + (30_000 if timeout is None else timeout) / 1000
+        while True:
+            try:
+                value = page.evaluate(expression, arg)
+            except Error as exc:  # a navigation between two polls: poll the new document
+                if "Execution context was destroyed" not in exc.message:
+                    raise
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waiting for {expression!r}: still {value!r} after {timeout or 30_000} ms")
+            page.wait_for_timeout(50)
+
+    return wait
+
+
 @pytest.fixture
 def page(browser, live_url):
     """A fresh page; `page.outside` lists every request that left the live server."""
     page = browser.new_page()
+    page.wait_for_function = _wait_for_function(page)
     page.outside = []
     page.on("request", lambda r: None if r.url.startswith((live_url, "data:", "blob:")) else page.outside.append(r.url))
     yield page

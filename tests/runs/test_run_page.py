@@ -62,7 +62,7 @@ def test_the_page_loads_plotly_and_its_modules_from_this_server(client, alice, m
     client.force_login(alice)
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert '<script src="/static/plotly/plotly.min.js"></script>' in html
-    assert 'from "/static/js/run_page.js"' in html
+    assert '<script type="module" src="/static/js/pages/run_detail.js"></script>' in html
     assert "cdn" not in html.lower() and "https://" not in html
     for panel in ('id="run-chart"', 'id="chart-policy"', 'id="chart-data"', 'id="chart-system"'):
         assert panel in html
