@@ -65,7 +65,7 @@ def test_the_run_page_has_the_validation_and_steps_sections(alice_client, evalua
     assert f'data-url="{reverse("run-val-grid", args=[evaluated.pk])}"' in html
     assert f'data-url="{reverse("run-steps", args=[evaluated.pk])}"' in html
     assert f'data-step-template="/runs/{evaluated.pk}/steps/999999999/"' in html
-    assert 'js/run_page.js' in html
+    assert 'js/pages/run_detail.js' in html  # its entry, which imports run_page.js
     assert "val_grid.js fills" not in html and "{%" not in html  # the template's comment stays out of the page
 
 
@@ -88,7 +88,7 @@ def test_the_step_page_shows_groups_no_signal_and_advantages(alice_client, stepp
         assert f'<tr class="attempt" data-rollout="{r[key].pk}">' in html
     advantage = Sample.objects.get(rollout=r["a1"]).advantage
     assert f'data-sample="{Sample.objects.get(rollout=r["a1"]).pk}">{advantage:.3f}</span>' in html
-    assert 'id="timeline"' in html and 'js/step_page.js' in html
+    assert 'id="timeline"' in html and 'js/pages/step.js' in html
     config = json.loads(re.search(r'id="step-page-config" type="application/json">(.*?)</script>', html).group(1))
     assert [b["rollout"] for b in config["timeline"]["bars"]] == [r[k].pk for k in ("a0", "a1", "b0", "b1")]
     assert [b["kind"] for b in config["timeline"]["bands"]] == ["generate", "train", "sync", "record"]

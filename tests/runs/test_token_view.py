@@ -124,7 +124,7 @@ def test_the_page_shows_the_facts_the_call_spans_and_only_the_first_chunk(client
     assert 'data-seq="0"' in html and 'data-seq="1"' in html and '<option value="mismatch">' in html
     assert f'data-total="{len(sample.token_ids)}" data-rendered="0"' in html
     assert "<b>bold</b>" not in html  # token text travels as escaped JSON only
-    assert "css/tokens.css" in html and "js/token_view.js" in html
+    assert "css/tokens.css" in html and "js/pages/sample_tokens.js" in html
 
 
 def test_a_sample_recorded_before_spans_gets_them_rebuilt_from_its_calls(client, alice, make_sample):
