@@ -63,6 +63,7 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
         page, live_url, running_run, console):
     run = running_run
     login(page, live_url)
+    page.wait_for_function("window.lightningLive && window.lightningLive.state === 'live'")  # the runs list's own
     sockets = []
     page.on("websocket", lambda socket: sockets.append(socket.url))
     page.set_viewport_size({"width": 1300, "height": 1000})
