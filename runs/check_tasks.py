@@ -47,7 +47,7 @@ def run_check(check: HarnessCheck) -> dict:
         serving = vllm_engine(folder, Path(workdir)) if check.engine == CheckEngine.VLLM else scripted
         with serving as (engine_base_url, model):
             result = check_harness(
-                harness.command, harness.env, harness.timeout_s, check.harness_task(), reward_task=check.task,
+                harness.command, harness.env, harness.timeout_s, check.task, hidden=check.reward_only_fields,
                 tokenizer_dir=folder, engine_base_url=engine_base_url, model=model,
                 reward_source=script.source if script else None, workdir=workdir)
     return result.report()

@@ -11,7 +11,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from proxy.app import ADAPTERS, create_app
 from proxy.scripted_engine import Policy, ScriptedEngine, ScriptedServer
@@ -83,15 +83,16 @@ class CheckResult:
 
 
 def check_harness(command: list[str], env: dict[str, str], timeout_s: float, task: dict[str, Any], *,
-                  workdir: str | Path, reward_task: dict[str, Any] | None = None,
+                  workdir: str | Path, hidden: Iterable[str] = (),
                   tokenizer_dir: str | Path | None = None, engine_base_url: str | None = None,
                   model: str = "scripted", reward_source: str | None = None,
                   policy: Policy | None = None) -> CheckResult:
-    """Run the harness once on `task` (the reward-only fields of a task left out unless the caller did) and judge it.
+    """Run the harness once on `task` and judge it. The harness sees the task without its reward-only fields (the
+    defaults and `hidden`, a dataset's own), the reward script the whole task.
 
     The engine is the scripted one over `tokenizer_dir` (answering with `policy`, FileEditPolicy by default), or
     the engine at `engine_base_url` serving `model` (then `tokenizer_dir`, if given, only proves realigns).
-    The reward script, if any, gets `reward_task` (default: `task`) and the harness's outcome. Blocking.
+    The reward script, if any, gets `task` and the harness's outcome. Blocking.
     """
     if tokenizer_dir is None and engine_base_url is None:
         raise ValueError("check_harness needs tokenizer_dir (the scripted engine) or engine_base_url")
@@ -103,7 +104,8 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
         app = create_app(directory, recorder, UpstreamConfig(base_url=base_url, served_model=model))
         proxy = stack.enter_context(ProxyServer(app, host="127.0.0.1"))
         attempt = Attempt(command=list(command), env=dict(env), timeout_s=timeout_s,
-                          workdir=Path(workdir) / "rollout", task_id="check", task=harness_view(task, hidden_fields()),
+                          workdir=Path(workdir) / "rollout", task_id="check",
+                          task=harness_view(task, hidden_fields(hidden)),
                           rollout_id=ROLLOUT_ID, base_url=proxy.base_url(ROLLOUT_ID), api_key=secret, model=model)
         out = asyncio.run(LocalExecutor().run(attempt))
     # The proxy has stopped: its lifespan end flushed every record.
@@ -112,7 +114,7 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
     build = build_samples(trainable_calls(calls), decode)
     reward = None
     if reward_source is not None and out.exit_code is not None:
-        reward = score(reward_source, reward_task if reward_task is not None else task, out.outcome).as_dict()
+        reward = score(reward_source, task, out.outcome).as_dict()
     verdict, reasons = judge(calls, build, out, reward)
     return CheckResult(calls, build, engine.produced if engine is not None else None, out.outcome, out, reward,
                        verdict, reasons, decode)

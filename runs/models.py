@@ -415,9 +415,14 @@ class HarnessCheck(Owned):
     def is_finished(self) -> bool:
         return self.status in (CheckStatus.SUCCEEDED, CheckStatus.FAILED)
 
+    @property
+    def reward_only_fields(self) -> list[str]:
+        """The task's fields the harness does not see (recorded with its source; the defaults for older rows)."""
+        return self.task_source.get("hidden_fields") or hidden_fields()
+
     def harness_task(self) -> dict:
         """The task as the harness sees it: its reward-only fields left out (the reward gets the full task)."""
-        return harness_view(self.task, self.task_source.get("hidden_fields", hidden_fields()))
+        return harness_view(self.task, self.reward_only_fields)
 
     @property
     def verdict(self) -> str:

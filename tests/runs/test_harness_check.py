@@ -158,3 +158,18 @@ def test_it_checks_against_a_given_engine(check, tiny_tokenizer_dir):  # noqa: F
     assert report["engine_tokens"] == report["trained_tokens"] == sum(len(ids) for ids in produced)
     assert [c["model"] for c in report["calls"]] == ["served", "served"]
     assert all(s["preview"] == [] for s in report["samples"])  # no tokenizer: nothing to decode with
+
+
+def test_the_harness_sees_the_task_without_its_reward_only_fields_and_the_reward_sees_all(tmp_path,
+                                                                                       tiny_tokenizer_dir):  # noqa: F811
+    """The defaults (`expected` here) and the dataset's own (`secret`) stay out of the task file; the reward gets
+    the whole task."""
+    peek = tmp_path / "peek.py"  # a file: braces in an argv are the executor's placeholders
+    peek.write_text("import json, sys\njson.dump({'seen': sorted(json.load(open(sys.argv[1])))}, open(sys.argv[2], 'w'))")
+    reward = "def reward(task, outcome):\n    return float(sorted(task) == ['expected', 'files', 'prompt', 'secret'])"
+    result = check_harness([sys.executable, str(peek), "{task_file}", "{output_file}"], {}, 30,
+                           {**CONFORMANCE_TASK, "secret": "only the reward knows"}, hidden=["secret"],
+                           workdir=tmp_path, tokenizer_dir=tiny_tokenizer_dir, reward_source=reward)
+    assert result.harness.exit_code == 0 and result.outcome["seen"] == ["files", "prompt"]
+    assert result.reward["ok"] and result.reward["reward"] == 1.0
+    assert result.verdict == FAIL and result.calls == []  # it never called the model: judged so
