@@ -65,7 +65,8 @@ def harness_list(request):
 def _templates(user) -> list[dict]:
     """The ready-made templates as the list shows them: whether the agent is installed, whether the user has one."""
     names = set(Harness.objects.filter(owner=user).values_list("name", flat=True))
-    return [{"template": t, "version": t.installed_version(), "added": t.slug in names}
+    versions = harness_templates.installed_versions()  # one read of versions.json, not one per template
+    return [{"template": t, "version": versions.get(t.tool), "added": t.slug in names}
             for t in harness_templates.templates()]
 
 
