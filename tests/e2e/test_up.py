@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.procs import free_port, pids_matching, signal_group
+from common.procs import alive, free_port, pids_matching, signal_group
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -56,6 +56,7 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output = read_until(proc, r"lightning-web is running at", timeout=300)
+        redis_pid = int((tmp_path / "data" / "redis" / "redis.pid").read_text())  # the server removes it on exit
         password = re.search(r"Log in as: admin / (\S+)", output).group(1)
         token = re.search(r"API token of admin: (\w+)", output).group(1)
         assert f"http://127.0.0.1:{port}/" in output and "Demo ready" in output
@@ -101,6 +102,10 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
         signal_group(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+    deadline = time.monotonic() + 10
+    while alive(redis_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(redis_pid)  # up stopped the embedded Redis it ran on (the fixture's kill is only a fallback)
     assert pids_matching(f"-p {port}", "lightning_web.asgi") == []
 
 
