@@ -254,7 +254,7 @@ class ScriptedEngine:
         choices = [self.generate(messages, tools, prompt_text, limit) for _ in range(int(body.get("n") or 1))]
         self.produced.extend(list(c.ids) for c in choices)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.get("model")}
-        usage = _usage(prompt_ids, choices)
+        usage = _usage(prompt_ids, sum(len(c.ids) for c in choices))
         if body.get("stream"):
             events = self._chat_stream(head, prompt_ids, choices, bool(body.get("logprobs")),
                                        bool((body.get("stream_options") or {}).get("include_usage")), usage)
@@ -342,8 +342,7 @@ class ScriptedEngine:
                   "prompt_token_ids": prompt_ids, "token_ids": ids,
                   "logprobs": {"token_logprobs": lps, "tokens": [], "text_offset": [], "top_logprobs": []}
                   if lps is not None else None}
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                 "total_tokens": len(prompt_ids) + len(ids)}
+        usage = _usage(prompt_ids, len(ids))
         if not body.get("stream"):
             return JSONResponse({**head, "choices": [choice], "usage": usage})
         events = [_sse({**head, "choices": [{**choice, "finish_reason": None}]}),
@@ -413,8 +412,7 @@ def _parsed_arguments(call: dict) -> dict:
     return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
 
 
-def _usage(prompt_ids: list[int], choices: list[Generated]) -> dict:
-    completion = sum(len(c.ids) for c in choices)
+def _usage(prompt_ids: list[int], completion: int) -> dict:
     return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
             "total_tokens": len(prompt_ids) + completion}
 
