@@ -201,7 +201,8 @@ LIGHTNING_REWARD_OUTPUT_BYTES = env_int("LIGHTNING_REWARD_OUTPUT_BYTES", 64 * 10
 LIGHTNING_MODELS_DIR = Path(env_str("LIGHTNING_MODELS_DIR") or DATA_DIR / "models").expanduser().resolve()
 LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
 # Where scripts/install-harnesses puts the agents the templates in examples/harnesses/ run (codex, claude, ...).
-LIGHTNING_HARNESS_TOOLS_DIR = Path(env_str("LIGHTNING_HARNESS_TOOLS_DIR") or DATA_DIR / "harness-tools").expanduser().resolve()
+LIGHTNING_HARNESS_TOOLS_DIR = Path(env_str("LIGHTNING_HARNESS_TOOLS_DIR")
+                                   or DATA_DIR / "harness-tools").expanduser().resolve()
 LIGHTNING_ENGINE_CACHE_DIR = DATA_DIR / "engine-cache"  # compile caches and served model folders, shared by runs
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
