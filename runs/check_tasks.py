@@ -49,7 +49,8 @@ def run_check(check: HarnessCheck) -> dict:
             result = check_harness(
                 harness.command, harness.env, harness.timeout_s, check.task, hidden=check.reward_only_fields,
                 tokenizer_dir=folder, engine_base_url=engine_base_url, model=model,
-                reward_source=script.source if script else None, workdir=workdir)
+                reward_source=script.source if script else None, workdir=workdir,
+                read_only=(harness.resources or {}).get("read_only") or ())
     return result.report()
 
 

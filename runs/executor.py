@@ -1,7 +1,10 @@
-"""Runs one harness attempt as a local subprocess: placeholders filled, scrubbed env, timeout, bounded output."""
+"""Runs one harness attempt as a local subprocess: placeholders filled, scrubbed env, timeout, bounded output,
+isolated by runs.isolation (its workdir, its read-only paths and the proxy; nothing of the app), its workdir's
+disk use watched."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from common.procs import signal_group
+from runs import isolation
 
 TAIL_BYTES = 16 * 1024
 PLACEHOLDERS: dict[str, str] = {
@@ -26,6 +32,8 @@ PLACEHOLDERS: dict[str, str] = {
 """The `{placeholders}` a harness argv or env value may use (filled per attempt below) and what each stands for:
 the API's validation and the harness page's list both read this."""
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+DISK_POLL_S = 1.0
+"""How often the workdir's size is measured against the attempt's disk limit."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class Attempt:
     base_url: str  # the rollout's OpenAI base URL (…/rollouts/<id>/v1)
     api_key: str
     model: str = "policy"
+    read_only: tuple[str, ...] = ()
+    """Absolute paths the harness is shown read-only (its harness's resources["read_only"]); see runs.isolation
+    for what else it sees."""
+    disk_mb: int | None = None
+    """The most its workdir may hold (and the largest file it may write); None: LIGHTNING_HARNESS_DISK_MB."""
 
 
 @dataclass(frozen=True)
@@ -67,23 +80,33 @@ class LocalExecutor:
                   "model": attempt.model, "rollout_id": attempt.rollout_id}
         assert values.keys() == PLACEHOLDERS.keys(), "PLACEHOLDERS names what the executor fills"
         argv = [arg.format(**values) for arg in attempt.command]
+        env = _env(attempt, values)
+        disk = (attempt.disk_mb or settings.LIGHTNING_HARNESS_DISK_MB) * 1024 * 1024
         started = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=attempt.workdir, env=_env(attempt, values), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            return Outcome(None, False, "", "", seconds=0.0, error=f"harness could not start: {exc}")
-        try:
-            stdout, stderr, timed_out = await _collect(proc, attempt.timeout_s)
-        except asyncio.CancelledError:
-            _kill(proc)
-            raise
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                isolation.resolve_program(argv[0], env.get("PATH"), attempt.workdir)
+                command = await stack.enter_async_context(isolation.harness_sandbox(
+                    argv, env, attempt.workdir, attempt.read_only, attempt.base_url, disk))
+                proc = await asyncio.create_subprocess_exec(
+                    *command, cwd=attempt.workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            except (OSError, isolation.IsolationError) as exc:
+                return Outcome(None, False, "", "", seconds=0.0, error=f"harness could not start: {exc}")
+            try:
+                stdout, stderr, stopped = await _collect(proc, attempt.timeout_s, attempt.workdir, disk)
+            except asyncio.CancelledError:
+                _kill(proc)
+                raise
         seconds = time.monotonic() - started
-        outcome = _read_outcome(output_file, proc.returncode, stdout)
-        error = f"harness timed out after {attempt.timeout_s:g} s" if timed_out else (
-            f"harness exited with code {proc.returncode}" if proc.returncode else "")
-        return Outcome(proc.returncode, timed_out, stdout, stderr, outcome, seconds, error)
+        code = proc.returncode
+        if command is not argv and code is not None and 128 < code < 128 + 65:
+            code = 128 - code  # the sandbox reports a signal N that ended the harness as 128 + N: -N as unsandboxed
+        outcome = _read_outcome(output_file, code, stdout)
+        error = {"timeout": f"harness timed out after {attempt.timeout_s:g} s",
+                 "disk": f"harness stopped: its workdir grew past {disk // (1024 * 1024)} MB (the disk limit)"
+                 }.get(stopped) or (f"harness exited with code {code}" if code else "")
+        return Outcome(code, stopped == "timeout", stdout, stderr, outcome, seconds, error)
 
 
 def _env(attempt: Attempt, values: dict[str, str]) -> dict[str, str]:
@@ -99,8 +122,9 @@ def _env(attempt: Attempt, values: dict[str, str]) -> dict[str, str]:
     return env
 
 
-async def _collect(proc, timeout_s: float) -> tuple[str, str, bool]:
-    """Read both pipes keeping the last TAIL_BYTES of each; kill the group on timeout."""
+async def _collect(proc, timeout_s: float, workdir: Path, disk_bytes: int) -> tuple[str, str, str]:
+    """Read both pipes keeping the last TAIL_BYTES of each; kill the group on timeout ("timeout") or when the
+    workdir outgrows `disk_bytes` ("disk")."""
     tails = {"out": bytearray(), "err": bytearray()}
 
     async def drain(stream, key):
@@ -111,14 +135,45 @@ async def _collect(proc, timeout_s: float) -> tuple[str, str, bool]:
     readers = asyncio.gather(drain(proc.stdout, "out"), drain(proc.stderr, "err"), proc.wait())
     # A cancelled attempt kills the process and leaves the readers behind: mark their outcome as seen.
     readers.add_done_callback(lambda done: done.cancelled() or done.exception())
-    timed_out = False
+    watcher = asyncio.ensure_future(_outgrows(workdir, disk_bytes))
     try:
-        await asyncio.wait_for(asyncio.shield(readers), timeout=timeout_s)
-    except asyncio.TimeoutError:
-        timed_out = True
+        done, _ = await asyncio.wait({readers, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    stopped = "" if readers in done else "disk" if watcher in done else "timeout"
+    if stopped:
         _kill(proc)
         await readers
-    return tails["out"].decode("utf-8", "replace"), tails["err"].decode("utf-8", "replace"), timed_out
+    return tails["out"].decode("utf-8", "replace"), tails["err"].decode("utf-8", "replace"), stopped
+
+
+async def _outgrows(workdir: Path, limit: int) -> None:
+    """Returns once the workdir holds more than `limit` bytes. A workdir of many files is measured less often:
+    the walk takes at most about 5% of one core."""
+    pause = DISK_POLL_S
+    while True:
+        await asyncio.sleep(pause)
+        started = time.monotonic()
+        if await asyncio.to_thread(disk_usage, workdir) > limit:
+            return
+        pause = max(DISK_POLL_S, 20 * (time.monotonic() - started))
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes of disk the files under `root` take (symlinks not followed)."""
+    total, stack = 0, [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
+    return total
 
 
 def _kill(proc) -> None:

@@ -86,13 +86,14 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
                   workdir: str | Path, hidden: Iterable[str] = (),
                   tokenizer_dir: str | Path | None = None, engine_base_url: str | None = None,
                   model: str = "scripted", reward_source: str | None = None,
-                  policy: Policy | None = None) -> CheckResult:
+                  policy: Policy | None = None, read_only: Iterable[str] = ()) -> CheckResult:
     """Run the harness once on `task` and judge it. The harness sees the task without its reward-only fields (the
     defaults and `hidden`, a dataset's own), the reward script the whole task.
 
     The engine is the scripted one over `tokenizer_dir` (answering with `policy`, FileEditPolicy by default), or
     the engine at `engine_base_url` serving `model` (then `tokenizer_dir`, if given, only proves realigns).
-    The reward script, if any, gets `task` and the harness's outcome. Blocking.
+    The reward script, if any, gets `task` and the harness's outcome. `read_only`: the paths the harness declares
+    (its resources["read_only"]), shown to it read-only in its sandbox. Blocking.
     """
     if tokenizer_dir is None and engine_base_url is None:
         raise ValueError("check_harness needs tokenizer_dir (the scripted engine) or engine_base_url")
@@ -106,7 +107,8 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
         attempt = Attempt(command=list(command), env=dict(env), timeout_s=timeout_s,
                           workdir=Path(workdir) / "rollout", task_id="check",
                           task=harness_view(task, hidden_fields(hidden)),
-                          rollout_id=ROLLOUT_ID, base_url=proxy.base_url(ROLLOUT_ID), api_key=secret, model=model)
+                          rollout_id=ROLLOUT_ID, base_url=proxy.base_url(ROLLOUT_ID), api_key=secret, model=model,
+                          read_only=tuple(read_only))
         out = asyncio.run(LocalExecutor().run(attempt))
     # The proxy has stopped: its lifespan end flushed every record.
     calls = recorder.for_rollout(ROLLOUT_ID)

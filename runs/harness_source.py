@@ -10,18 +10,16 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
-from asgiref.sync import sync_to_async
-
 from proxy.server import ProxyServer
 from runs import rollout_services, services
 from runs.executor import Attempt, LocalExecutor
 from runs.models import ModelCall, RolloutStatus, Run, Task
+from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from trainer import scheduler
 from trainer.config import TrainerConfig
 from trainer.samples import CallRecord
 
 logger = logging.getLogger(__name__)
-db = sync_to_async
 
 
 class HarnessSource:
@@ -34,6 +32,7 @@ class HarnessSource:
         self.running: dict[int, list[asyncio.Task]] = {}
         self.policy_version = 0
         self.scoring = BusyTime()  # train rollouts' reward scoring, for the step's time/score
+        self.stop_reason = ""  # set when the engine died: attempts cancelled from then on fail (infra) with it
 
     async def launch(self, group: scheduler.GroupRequest) -> None:
         task_id = random.Random(self.config.seed * 1_000_003 + group.group_id).choice(self.train_ids)
@@ -82,10 +81,17 @@ class HarnessSource:
                 command=harness["command"], env=harness.get("env") or {}, timeout_s=harness["timeout_s"],
                 workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id,
                 task=self.run.harness_task(task.data),
-                rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret))
+                rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret,
+                read_only=tuple((harness.get("resources") or {}).get("read_only") or ())))
         except asyncio.CancelledError:
-            await db(rollout_services.finish_rollout)(rollout.pk, status=RolloutStatus.CANCELLED, reward=None,
-                                                      reward_detail={}, exit_code=None, error="cancelled with its run")
+            if self.stop_reason:  # cut off by the engine's death, not by its owner
+                await db(rollout_services.finish_rollout)(
+                    rollout.pk, status=RolloutStatus.FAILED, reward=None, reward_detail={}, exit_code=None,
+                    error=self.stop_reason, failure_kind=scheduler.INFRA_FAILURE)
+            else:
+                await db(rollout_services.finish_rollout)(
+                    rollout.pk, status=RolloutStatus.CANCELLED, reward=None, reward_detail={}, exit_code=None,
+                    error="cancelled with its run")
             raise
         calls, trouble = await db(calls_of)(rollout.pk)
         with self.scoring.track() if split == "train" else nullcontext():

@@ -2,13 +2,16 @@
 OpenHands), offered to every user.
 
 A template is a `<slug>.harness.json` file beside the runner script it starts (its format: examples/harnesses/README.md).
-Its command and env may name `${python}` (the app's Python), `${here}` (the template's folder) and `${tools}` (where
-scripts/install-harnesses puts the agents); they are filled when a user's harness is made from it, so the harness
-row holds plain paths the executor runs as they are.
+Its command, env and `read_only` may name `${python}` (the app's Python), `${here}` (the template's folder) and
+`${tools}` (where scripts/install-harnesses puts the agents); they are filled when a user's harness is made from it,
+so the harness row holds plain paths the executor runs as they are. `read_only` lists the folders the harness is
+shown read-only inside its sandbox (runs.isolation): its runner's folder and the tools dir; the harness row keeps
+them in resources["read_only"].
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -51,6 +54,7 @@ class Template:
         return {"name": self.slug, "description": f"{self.title}: {self.description}",
                 "command": [fill(arg) for arg in self.raw["command"]],
                 "env": {key: fill(value) for key, value in self.raw["env"].items()},
+                "resources": {"read_only": [os.path.normpath(fill(path)) for path in self.raw.get("read_only", [])]},
                 "executor": "local", "timeout_s": int(self.raw["timeout_s"])}
 
     @property
@@ -87,6 +91,8 @@ def _read(path: Path) -> Template:
         raise TemplateError(f"{path}: command must be a non-empty list of strings")
     if not (isinstance(raw["env"], dict) and all(isinstance(v, str) for v in raw["env"].values())):
         raise TemplateError(f"{path}: env must map names to strings")
+    if not (isinstance(raw.get("read_only", []), list) and all(isinstance(p, str) for p in raw.get("read_only", []))):
+        raise TemplateError(f"{path}: read_only must be a list of paths")
     return Template(raw["slug"], raw["title"], raw["description"], raw["tool"], raw["api"], bool(raw["streaming"]),
                     path.resolve(), raw)
 

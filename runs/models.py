@@ -200,6 +200,9 @@ class Run(Owned):
     phase = models.CharField(max_length=300, blank=True,
                              help_text="What the run is doing now, e.g. 'starting the engine: loading weights'")
     event_seq = models.PositiveBigIntegerField(default=0, help_text="Last RunEvent.seq issued")
+    isolation = models.CharField(max_length=300, blank=True, help_text=(
+        "How its user code was isolated (runs.isolation), set when a worker starts it, e.g. 'bubblewrap 0.11.0: "
+        "harnesses reach only the proxy, ...' or 'none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)'"))
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -15,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from common.procs import signal_group
+from runs import isolation
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
 OUTPUT_TAIL_CHARS = 4096  # what a result keeps of the script's prints
+RESULT_BYTES = 4 * 1024 * 1024  # the most of a result (reward and detail JSON) read back
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class ScoreResult:
     reward: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     error: str = ""
-    kind: str = ""  # exception | syntax | timeout | memory | output | crashed | invalid
+    kind: str = ""  # exception | syntax | timeout | memory | output | crashed | invalid | refused (no isolation)
     output: str = ""
     duration_ms: float = 0.0
 
@@ -45,41 +46,60 @@ class ScoreResult:
 
 
 def score(source: str, task: Any, outcome: Any, limits: Limits = Limits()) -> ScoreResult:
-    """Run reward(task, outcome) from `source` in a child process under `limits`."""
+    """Run reward(task, outcome) from `source` in a child process under `limits`, isolated by runs.isolation."""
     started = time.monotonic()
     try:
         stdin = json.dumps({"source": source, "task": task, "outcome": outcome}).encode()
     except (TypeError, ValueError) as exc:
         return ScoreResult(ok=False, kind="invalid", error=f"task or outcome is not JSON: {exc}")
+    try:
+        iso = isolation.current()
+    except isolation.IsolationError as exc:
+        return ScoreResult(ok=False, kind="refused", error=str(exc))
     with tempfile.TemporaryDirectory(prefix="reward-") as workdir:
-        result_path = Path(workdir) / "result.json"
-        # No preexec_fn: it forces a fork, which copies the page tables of this (a worker holds GBs of trainer)
-        # process, 0.23 s per score at 4 GB resident against 0.02 s for the vfork Popen uses without one. The
-        # limits are set on the child before its stdin is written: the runner reads the script from stdin, so
-        # no user code runs before them.
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(RUNNER), str(result_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            cwd=workdir, env=_scrubbed_env(workdir), start_new_session=True,
-        )
+        pids = isolation.PidsLimit(isolation.REWARD_PIDS) if iso.bwrap else None
         try:
-            _apply_limits(limits, proc.pid)
-        except OSError:
-            _kill_group(proc)
-            proc.wait()
-            proc.stdout.close()
-            proc.stdin.close()
-            raise
-        output, overflow, timed_out = _communicate(proc, stdin, limits)
-        elapsed = (time.monotonic() - started) * 1000
-        text = output.decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
-        if timed_out:
-            return ScoreResult(False, kind="timeout", output=text, duration_ms=elapsed,
-                               error=f"the reward script timed out after {limits.timeout_s:g} s")
-        if overflow:
-            return ScoreResult(False, kind="output", output=text, duration_ms=elapsed,
-                               error=f"the reward script printed more than {limits.output_bytes} bytes; stopped")
-        return _read_result(proc.returncode, result_path, text, elapsed, limits)
+            return _run(iso, pids, stdin, workdir, limits, started)
+        finally:
+            if pids is not None:
+                pids.close()
+
+
+def _run(iso: isolation.Isolation, pids: isolation.PidsLimit | None, stdin: bytes, workdir: str, limits: Limits,
+         started: float) -> ScoreResult:
+    # No preexec_fn: it forces a fork, which copies the page tables of this (a worker holds GBs of trainer)
+    # process, 0.23 s per score at 4 GB resident against 0.02 s for the vfork Popen uses without one. The runner
+    # sets its limits itself before it reads the script from stdin, so no user code runs before them. Isolated,
+    # its workdir is the sandbox's private size-limited /tmp (`workdir` stays empty); the result comes back on a
+    # pipe either way.
+    read_fd, write_fd = os.pipe()
+    memory, cpu = limits.memory_mb * 1024 * 1024, int(limits.timeout_s) + 1
+    nproc = isolation.nproc_limit(isolation.REWARD_PIDS) if iso.bwrap else 0
+    argv = [sys.executable, "-I", "-B", str(RUNNER), str(write_fd), str(memory), str(cpu), str(limits.file_bytes),
+            str(nproc)]
+    home = "/tmp" if iso.bwrap else workdir
+    if iso.bwrap:
+        argv = pids.wrap(isolation.reward_argv(iso, argv, RUNNER))
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+            cwd=workdir, env=_scrubbed_env(home), start_new_session=True)
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as results:
+        output, result, overflow, timed_out = _communicate(proc, results, stdin, limits)
+    elapsed = (time.monotonic() - started) * 1000
+    text = output.decode("utf-8", "replace")[-OUTPUT_TAIL_CHARS:]
+    if timed_out:
+        return ScoreResult(False, kind="timeout", output=text, duration_ms=elapsed,
+                           error=f"the reward script timed out after {limits.timeout_s:g} s")
+    if overflow:
+        return ScoreResult(False, kind="output", output=text, duration_ms=elapsed,
+                           error=f"the reward script printed more than {limits.output_bytes} bytes; stopped")
+    returncode = proc.returncode
+    if iso.bwrap and returncode is not None and 128 < returncode < 128 + 65:
+        returncode = 128 - returncode  # bwrap reports a signal N that ended the runner as 128 + N
+    return _read_result(returncode, result, text, elapsed, limits)
 
 
 def _scrubbed_env(workdir: str) -> dict[str, str]:
@@ -91,40 +111,36 @@ def _scrubbed_env(workdir: str) -> dict[str, str]:
     return env
 
 
-def _apply_limits(limits: Limits, pid: int) -> None:
-    memory = limits.memory_mb * 1024 * 1024
-    cpu = int(limits.timeout_s) + 1
-    resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
-    resource.prlimit(pid, resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
-
-
-def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits) -> tuple[bytes, bool, bool]:
-    """Feed stdin, collect at most `output_bytes` of output, kill the group on overflow or timeout."""
+def _communicate(proc: subprocess.Popen, results, stdin: bytes, limits: Limits) -> tuple[bytes, bytes, bool, bool]:
+    """Feed stdin, collect at most `output_bytes` of output and RESULT_BYTES of result, kill the group on overflow
+    or timeout."""
     try:
         proc.stdin.write(stdin)
         proc.stdin.close()
     except BrokenPipeError:
         pass
     deadline = time.monotonic() + limits.timeout_s
-    chunks, size, overflow, timed_out = [], 0, False, False
+    chunks, result, size, overflow, timed_out = [], bytearray(), 0, False, False
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
-        while True:
+        selector.register(results, selectors.EVENT_READ)
+        while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
-            if not selector.select(timeout=min(remaining, 0.5)):
-                if proc.poll() is not None:
-                    break
-                continue
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            if not chunk:
+            events = selector.select(timeout=min(remaining, 0.5))
+            if not events and proc.poll() is not None:
                 break
-            chunks.append(chunk)
-            size += len(chunk)
+            for key, _ in events:
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif key.fileobj is results:
+                    result += chunk[: max(0, RESULT_BYTES - len(result))]
+                else:
+                    chunks.append(chunk)
+                    size += len(chunk)
             if size > limits.output_bytes:
                 overflow = True
                 break
@@ -137,17 +153,17 @@ def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits) -> tuple[
         _kill_group(proc)
         proc.wait()
     proc.stdout.close()
-    return b"".join(chunks)[: limits.output_bytes], overflow, timed_out
+    return b"".join(chunks)[: limits.output_bytes], bytes(result), overflow, timed_out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
     signal_group(proc.pid, signal.SIGKILL)
 
 
-def _read_result(returncode: int, path: Path, output: str, elapsed: float, limits: Limits) -> ScoreResult:
-    if path.exists():
+def _read_result(returncode: int, result: bytes, output: str, elapsed: float, limits: Limits) -> ScoreResult:
+    if result:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(result)
         except ValueError:
             data = None
         if isinstance(data, dict):

@@ -1,10 +1,15 @@
 """Runs inside the reward sandbox process: loads user source, calls reward(task, outcome), writes JSON.
 
-Standalone on purpose (no Django, no project imports): it is executed by path in a scrubbed process.
-argv: result_path. stdin: {"source": str, "task": obj, "outcome": obj}.
+Standalone on purpose (no Django, no project imports): it is executed by path in a scrubbed process (inside
+bubblewrap where runs.isolation can use it). It sets its own limits before it reads the script from stdin, so no
+user code runs without them.
+argv: result_fd memory_bytes cpu_s file_bytes nproc (0: none). stdin: {"source": str, "task": obj, "outcome": obj}.
+The result goes to the inherited pipe result_fd as one JSON object.
 """
 import json
 import math
+import os
+import resource
 import sys
 import traceback
 
@@ -33,8 +38,18 @@ def _check(value):
     return value, detail
 
 
+def _limit(memory: int, cpu: int, file_bytes: int, nproc: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if nproc:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
 def main() -> None:
-    result_path = sys.argv[1]
+    result_fd, memory, cpu, file_bytes, nproc = (int(arg) for arg in sys.argv[1:6])
+    _limit(memory, cpu, file_bytes, nproc)
     payload = json.loads(sys.stdin.read())
     try:
         namespace = {"__name__": "reward_script"}
@@ -51,7 +66,7 @@ def main() -> None:
     except BaseException as exc:  # user code may raise anything, SystemExit included
         out = {"ok": False, "kind": "exception", "error": _user_frames(exc)}
     sys.stdout.flush()
-    with open(result_path, "w") as handle:
+    with os.fdopen(result_fd, "w") as handle:
         json.dump(out, handle)
 
 

@@ -8,7 +8,7 @@ import string
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runs import selectors
+from runs import isolation, selectors
 from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names
 from runs.executor import PLACEHOLDERS
 from runs.models import (CheckEngine, Dataset, Executor, Harness, HarnessCheck, Metric, ModelCall, RewardScript,
@@ -87,6 +87,15 @@ class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
     def validate_resources(self, value):
         if not isinstance(value, dict):
             raise serializers.ValidationError("must be an object such as {\"cpu\": \"1\", \"memory\": \"2Gi\"}")
+        read_only = value.get("read_only", [])
+        if not (isinstance(read_only, list) and all(isinstance(p, str) and p.startswith("/") for p in read_only)):
+            raise serializers.ValidationError("read_only must be a list of absolute paths the harness is shown "
+                                              "read-only in its sandbox")
+        for path in read_only:
+            try:
+                isolation.check_visible(isolation.real_path(path), "read-only path")
+            except isolation.IsolationError as exc:
+                raise serializers.ValidationError(str(exc)) from exc
         return value
 
     def validate_timeout_s(self, value):
@@ -214,8 +223,8 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
-                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "created_at", "started_at",
-                  "finished_at"]
+                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "created_at",
+                  "started_at", "finished_at"]
         read_only_fields = fields
 
 

@@ -61,7 +61,8 @@ def run_template(harness_tool, tiny_tokenizer_dir, tmp_path) -> Callable[..., Ch
         harness_tool(template.tool)
         fields = template.fields()
         task = copy.deepcopy(task or CONFORMANCE_TASK)
-        options = {"tokenizer_dir": tiny_tokenizer_dir, "reward_source": REWARD_SOURCE, "workdir": tmp_path, **kw}
+        options = {"tokenizer_dir": tiny_tokenizer_dir, "reward_source": REWARD_SOURCE, "workdir": tmp_path,
+                   "read_only": fields["resources"]["read_only"], **kw}
         return check_harness(fields["command"], fields["env"], fields["timeout_s"], task, **options)
 
     return run

@@ -115,7 +115,7 @@ def checked(tiny_tokenizer_dir, tmp_path_factory):
             results[mode] = check_harness(agent_command(mode), {}, 120, CONFORMANCE_TASK,
                                           workdir=tmp_path_factory.mktemp(f"fork-{mode}"),
                                           tokenizer_dir=tiny_tokenizer_dir, reward_source=REWARD_SOURCE,
-                                          policy=CompactingScript())
+                                          policy=CompactingScript(), read_only=[str(AGENT.parents[2] / "examples")])
         return results[mode]
 
     return get

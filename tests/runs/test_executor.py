@@ -3,7 +3,7 @@ import json
 import sys
 import time
 
-from common.procs import alive
+from common.procs import pids_matching
 from runs.executor import TAIL_BYTES, Attempt, LocalExecutor
 
 
@@ -47,17 +47,21 @@ async def test_a_failing_harness_keeps_its_exit_code_and_stderr(tmp_path):
 
 
 async def test_a_hanging_harness_is_killed_with_its_children(tmp_path):
+    """Its children die with it, setsid'ed ones too (the sandbox's pid namespace); pids inside the sandbox are its
+    own, so the child is found by a marker in its command line."""
+    marker = f"hang-{tmp_path.name}"
     script = ("import subprocess, sys, time\n"
-              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'],"
+              " start_new_session=True)\n"
               "open('child.pid', 'w').write(str(child.pid))\n"
               "time.sleep(60)\n")
     out = await LocalExecutor().run(attempt(tmp_path, script, timeout_s=1.5))
     assert out.timed_out and out.error == "harness timed out after 1.5 s" and out.exit_code == -9
-    child = int((tmp_path / "work" / "child.pid").read_text())
+    assert (tmp_path / "work" / "child.pid").read_text().isdigit()  # it did start
     deadline = time.monotonic() + 5  # SIGKILL lands asynchronously on a busy machine
-    while alive(child) and time.monotonic() < deadline:
+    while pids_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(child)
+    assert pids_matching(marker) == []
 
 
 async def test_output_tails_are_bounded(tmp_path):
@@ -78,3 +82,18 @@ async def test_a_non_object_output_file_is_kept(tmp_path):
     out = await LocalExecutor().run(attempt(tmp_path, "import sys\nopen(sys.argv[2], 'w').write('not json')\n"))
     assert out.outcome["output_raw"] == "not json"
 
+
+
+async def test_a_harness_killed_by_a_signal_reports_it_as_a_negative_exit_code(tmp_path):
+    out = await LocalExecutor().run(attempt(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n"))
+    assert out.exit_code == -15 and out.error == "harness exited with code -15" and not out.timed_out
+
+
+async def test_a_workdir_past_the_disk_limit_stops_the_harness(tmp_path):
+    script = ("import time\n"
+              "for i in range(200):\n"
+              "    open(f'fill-{i}', 'wb').write(b'x' * (1 << 20))\n"
+              "    time.sleep(0.02)\n")
+    out = await LocalExecutor().run(attempt(tmp_path, script, timeout_s=30, disk_mb=16))
+    assert out.error == "harness stopped: its workdir grew past 16 MB (the disk limit)" and out.exit_code == -9
+    assert not out.timed_out and len(list((tmp_path / "work").glob("fill-*"))) < 200

@@ -83,13 +83,16 @@ def test_the_environment_is_scrubbed(monkeypatch):
     env = score(source, {}, {}, FAST).detail["env"]
     assert not {"DATABASE_URL", "SECRET_KEY", "OPENAI_API_KEY"} & set(env)
     assert set(env) <= {"PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONIOENCODING",
-                        "OMP_NUM_THREADS"}
+                        "OMP_NUM_THREADS", "PWD"}  # PWD: bubblewrap's, the sandbox's own /tmp
 
 
 def test_it_runs_in_a_throwaway_directory():
-    source = "import os\ndef reward(task, outcome):\n    open('f.txt', 'w').write('x')\n    return {'reward': 1, 'cwd': os.getcwd()}\n"
+    """Its workdir is the sandbox's private /tmp: what it writes there is gone with the sandbox, never on the host."""
+    source = ("import os\ndef reward(task, outcome):\n    open('f-7c1.txt', 'w').write('x')\n"
+              "    return {'reward': 1, 'cwd': os.getcwd(), 'files': os.listdir('.')}\n")
     result = score(source, {}, {}, FAST)
-    assert result.ok and not os.path.exists(result.detail["cwd"])
+    assert result.ok and result.detail["cwd"] == "/tmp" and result.detail["files"] == ["f-7c1.txt"]
+    assert not os.path.exists("/tmp/f-7c1.txt")
 
 
 def test_unserialisable_input_is_refused_before_starting():

