@@ -9,9 +9,8 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match, Route, Router, request_response
 
@@ -19,6 +18,7 @@ from proxy import sse
 from proxy.anthropic_api import MessagesAdapter, tokenize_body
 from proxy.assemble import Accumulator, Tokens, chunks_from_answer, extract_tokens
 from proxy.auth import any_key_matches, presented_keys
+from proxy.budget import BodyBudget, BodyHold, parse_cost
 from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
 from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
@@ -37,6 +37,8 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "messages": MessagesAdapter,
 }
 
+_HOLD = "lightning.body_hold"
+"""Scope key of the request's BodyHold (ProxyApp.__call__ puts it there)."""
 CLIENT_CLOSED = 499
 """Status recorded for a call whose harness hung up before it had the whole answer (nginx's code)."""
 NOT_DELIVERED = "client disconnected before the answer was delivered"
@@ -70,11 +72,12 @@ class _Call:
     """One admitted call: everything known at its start, turned into a RecordedCall at its end.
 
     It holds its place in the gate until its record is stored, so `ProxyApp.pause` returns only once every
-    call admitted before it has been recorded.
+    call admitted before it has been recorded. From admission to its record it watches for the harness hanging
+    up, so no call is recorded 200 that the harness never received whole, whichever path answered it.
     """
 
     def __init__(self, proxy: ProxyApp, info: RolloutInfo, adapter: Adapter, upstream_body: dict,
-                 sampling_overrides: dict) -> None:
+                 sampling_overrides: dict, receive) -> None:
         self.proxy, self.adapter, self.upstream_body = proxy, adapter, upstream_body
         self.sampling_overrides = sampling_overrides
         self.rollout_id = info.rollout_id
@@ -83,11 +86,33 @@ class _Call:
         self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
         self.done = False  # its record is built
+        self.hung_up = False  # the harness disconnected before the record was built
+        self.delivered = False  # answer bytes went out while the harness was still connected
         self._left = False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive) -> None:
+        await _hung_up(receive)
+        self.hung_up = True
+
+    async def answered(self, answer: dict | None, response: dict | None) -> RecordedCall:
+        """finish() a call the engine answered in full: 200, or 499 if the harness is gone.
+
+        It first yields to the loop once, so a hang-up the server has already seen reaches the watcher: a
+        stream that runs to its end without waiting (its chunks all buffered) would otherwise beat it."""
+        await asyncio.sleep(0)
+        return self.finish(200, answer, response, None)
+
+    def cut_short(self) -> str:
+        """The error of a call whose harness left early: it had none of the answer, or only a part."""
+        return STREAM_INCOMPLETE if self.delivered else NOT_DELIVERED
 
     def finish(self, status: int, answer: dict | None, response: dict | None, error: str | None) -> RecordedCall:
         """Build the record; the call leaves the gate once `store` or `submit` has recorded it."""
         self.done = True
+        self._watcher.cancel()
+        if status == 200 and self.hung_up:  # answered, but the harness was gone before it had it all
+            status, error = CLIENT_CLOSED, self.cut_short()
         tokens = extract_tokens(answer)
         if status == 200 and error is None and (error := _token_gap(answer, tokens)):
             logger.warning("rollout %s seq %s: %s", self.rollout_id, self.seq, error)
@@ -109,6 +134,7 @@ class _Call:
         await asyncio.shield(self.submit(record))
 
     def _leave(self) -> None:
+        self._watcher.cancel()
         if not self._left:
             self._left = True
             self.proxy.gate.exit(self.timed)
@@ -194,15 +220,23 @@ def _token_gap(answer: dict, tokens: Tokens) -> str | None:
 
 
 class _CallStream(StreamingResponse):
-    """A streaming response that finalises its call even if the body iterator never ran to its end."""
+    """A streaming response that finalises its call even if the body iterator never ran to its end, and notes
+    whether any of the answer went out before the harness hung up (the server drops what it sends after)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, call: _Call, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
         super().__init__(content, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
-        self._on_close = on_close
+        self._call, self._on_close = call, on_close
 
     async def __call__(self, scope, receive, send) -> None:
+        call = self._call
+
+        async def noted(message: dict) -> None:
+            if not call.delivered and not call.hung_up and message.get("body"):
+                call.delivered = True
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, noted)
         finally:
             await self._on_close()
 
@@ -220,6 +254,7 @@ class ProxyApp:
         pause_wait_s: float = 30.0,
         retry_after_s: float = 5.0,
         transport=None,
+        bodies_limit_bytes: int = 512 * 1024 * 1024,
     ) -> None:
         self.directory = directory
         self.config = upstream
@@ -228,6 +263,7 @@ class ProxyApp:
         self.recorder = recorder
         self.gate = Gate(pause_wait_s, retry_after_s)
         self.max_body_bytes = max_body_bytes
+        self.bodies = BodyBudget(bodies_limit_bytes)  # all requests together
         self._policy_version = policy_version
         self._seq: dict[str, int] = {}
         self.sampling_override_calls = 0  # train calls whose harness asked for sampling other than the run's
@@ -249,7 +285,22 @@ class ProxyApp:
         self.app = Router(routes=routes, lifespan=self._lifespan)
 
     async def __call__(self, scope, receive, send) -> None:
-        await self.app(scope, receive, send)
+        """Serve one request, counting its body against the budget for all requests until it is answered."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hold = self.bodies.hold()
+
+        async def counted() -> dict:
+            message = await receive()
+            if message["type"] == "http.request" and message.get("body"):
+                hold.take(len(message["body"]))  # a ProxyError reaches the handler reading the body
+            return message
+
+        try:
+            await self.app({**scope, _HOLD: hold}, counted, send)
+        finally:
+            hold.release()
 
     # --- what the run drives -------------------------------------------------------------------------
 
@@ -314,12 +365,23 @@ class ProxyApp:
         if length.isdigit() and int(length) > self.max_body_bytes:
             raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
         parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > self.max_body_bytes:
-                raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
-            parts.append(part)
-        return _parse_json(b"".join(parts), finite)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > self.max_body_bytes:
+                    raise ProxyError(413, f"request body over {self.max_body_bytes} bytes", "request_too_large")
+                parts.append(part)
+        except ClientDisconnect:  # it hung up, or was closed for sending too slowly: nobody reads an answer
+            raise ProxyError(CLIENT_CLOSED, "client disconnected while sending the request body",
+                             "client_closed_request") from None
+        hold: BodyHold = request.scope[_HOLD]
+        raw = b"".join(parts)
+        cost = parse_cost(raw)
+        hold.take(cost.peak)  # before parsing: a body that would parse big is refused before it does
+        try:
+            return _parse_json(raw, finite)
+        finally:  # the parts, their joined copy and the decoded text are freed on return: hold the parsed body
+            hold.give(size + cost.peak - cost.kept)
 
     def _take_seq(self, info: RolloutInfo, count: int = 1) -> int:
         seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
@@ -344,7 +406,7 @@ class ProxyApp:
                 await self.gate.enter(timed=_timed(info))
             except ProxyError as exc:
                 return error_response(adapter_cls.error_format, exc)
-            call = _Call(self, info, adapter, upstream_body, overrides)
+            call = _Call(self, info, adapter, upstream_body, overrides, request.receive)
             if overrides:
                 if call.timed:
                     self.sampling_override_calls += 1
@@ -352,7 +414,7 @@ class ProxyApp:
                              call.seq, overrides)
             if upstream_stream:
                 return await self._stream_from_stream(call)
-            return await self._from_answer(call, request.receive)
+            return await self._from_answer(call)
 
         return endpoint
 
@@ -363,59 +425,43 @@ class ProxyApp:
         await call.store(call.finish(exc.status, answer, body, f"{exc.status}: {message}"))
         return JSONResponse(body, status_code=exc.status)
 
-    async def _answer(self, call: _Call, receive) -> tuple[dict, bool]:
-        """The engine's whole answer, and whether the harness hung up while it waited for it.
-
-        The engine request is not cancelled when the harness hangs up: its answer is recorded (status 499,
-        never trained) with the token ids, so the rollout shows what the policy said that the harness never
-        saw. The price is engine time on an answer nobody reads, bounded by the request's max_tokens and
-        UpstreamConfig.read_timeout_s; cancelling would free the engine sooner but leave the record empty.
-        """
-        watcher = asyncio.create_task(_hung_up(receive))
-        try:
-            answer = await self.upstream.post_json(call.adapter.upstream_path, call.upstream_body)
-        finally:
-            left = watcher.done() and not watcher.cancelled() and watcher.exception() is None
-            watcher.cancel()
-        return answer, left
-
-    async def _from_answer(self, call: _Call, receive) -> Response:
+    async def _from_answer(self, call: _Call) -> Response:
         """A call answered whole by the engine: returned whole, or replayed as a stream when the harness streams.
 
         A harness that hangs up before the answer is handed over gets a 499 record: only answers the
-        harness received are recorded as 200.
+        harness received are recorded as 200. The engine request is not cancelled when the harness hangs up:
+        its answer is recorded (status 499, never trained) with the token ids, so the rollout shows what the
+        policy said that the harness never saw. The price is engine time on an answer nobody reads, bounded by
+        the request's max_tokens and UpstreamConfig.read_timeout_s; cancelling would free the engine sooner but
+        leave the record empty.
         """
         adapter = call.adapter
         try:
-            answer, left = await self._answer(call, receive)
+            answer = await self.upstream.post_json(adapter.upstream_path, call.upstream_body)
             response = adapter.response(answer)
         except UpstreamError as exc:
             return await self._failed(call, exc)
         except BaseException:
             call.submit(call.finish(500, None, None, "proxy error while calling the engine"))
             raise
-        if left:
+        if call.hung_up:
             await call.store(call.finish(CLIENT_CLOSED, answer, response, NOT_DELIVERED))
             return Response(status_code=CLIENT_CLOSED)  # nobody reads it
-        record = call.finish(200, answer, response, None)
         if not adapter.stream:
-            await call.store(record)
+            await call.store(await call.answered(answer, response))
             return JSONResponse(response)
 
-        recorded = False
-
         async def replay() -> AsyncIterator[dict]:
-            nonlocal recorded
             for chunk in chunks_from_answer(answer, adapter.kind):
                 yield chunk
-            recorded = True
-            await call.store(record)  # before the stream's last event: recorded when the harness sees it end
+            # Before the stream's last event: recorded when the harness sees it end (499 if it has gone).
+            await call.store(await call.answered(answer, response))
 
         async def close() -> None:
-            if not recorded:  # the harness left mid-replay: the engine's answer is still worth keeping
-                call.submit(replace(record, status_code=CLIENT_CLOSED, error=STREAM_INCOMPLETE))
+            if not call.done:  # the harness left mid-replay: the engine's answer is still worth keeping
+                call.submit(call.finish(CLIENT_CLOSED, answer, response, call.cut_short()))
 
-        return _CallStream(adapter.events(replay()), close)
+        return _CallStream(call, adapter.events(replay()), close)
 
     async def _stream_from_stream(self, call: _Call) -> Response:
         adapter = call.adapter
@@ -435,7 +481,7 @@ class ProxyApp:
                 acc.add(chunk)
                 yield chunk
             answer = acc.result()
-            await call.store(call.finish(200, answer, adapter.response(answer), None))
+            await call.store(await call.answered(answer, adapter.response(answer)))
 
         def end(status: int, error: str) -> RecordedCall | None:
             if call.done:
@@ -444,7 +490,7 @@ class ProxyApp:
             return call.finish(status, answer, adapter.response(answer), error)
 
         async def close() -> None:
-            record = end(CLIENT_CLOSED, STREAM_INCOMPLETE)
+            record = end(CLIENT_CLOSED, call.cut_short())
             if record is not None:
                 call.submit(record)  # we may be cancelled here: record in the background
             await stack.aclose()
@@ -464,7 +510,7 @@ class ProxyApp:
             finally:
                 await close()
 
-        return _CallStream(body(), close)
+        return _CallStream(call, body(), close)
 
     @staticmethod
     async def _store_if(call: _Call, record: RecordedCall | None) -> None:

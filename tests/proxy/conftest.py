@@ -10,6 +10,7 @@ import pytest
 import uvicorn
 
 from proxy.app import create_app
+from proxy.server import REQUEST_TIMEOUT_S, uvicorn_config
 from proxy.types import InMemoryDirectory, InMemoryRecorder, UpstreamConfig
 from tests.proxy.fake_upstream import FakeVLLM
 
@@ -18,13 +19,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 
 
 class LiveServer:
-    """Serves an ASGI app with uvicorn on a free localhost port inside the test's event loop."""
+    """Serves an ASGI app on a free localhost port inside the test's event loop, configured as the proxy's server."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn_config(app, request_timeout_s, lifespan="off"))
         self.task: asyncio.Task | None = None
 
     async def __aenter__(self) -> LiveServer:

@@ -226,6 +226,9 @@ class FakeVLLM:
         prompt_ids = list(prompt) if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt) else encode(
             prompt if isinstance(prompt, str) else "".join(prompt))
         raw, ids, finish, matched = self._generate(self._reply(body, decode(prompt_ids)), body)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        self.answered += 1
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": body["model"]}
         counts = usage(prompt_ids, ids)

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from proxy.app import NOT_DELIVERED
 from tests.proxy.conftest import headers, until
 from tests.proxy.fake_upstream import IM_END, encode, render_chat
 
@@ -98,3 +99,38 @@ async def test_it_marks_a_replayed_stream_cut_short_incomplete(proxy, recorder):
     [call] = recorder.calls
     assert (call.status_code, call.error) == (499, "stream incomplete: client disconnected before the stream ended")
     assert call.completion_ids == encode(ANSWER) + [IM_END]
+
+
+STREAMED = {
+    "/chat/completions": {**CHAT, "stream": True},
+    "/completions": {"model": "m", "prompt": "hi", "stream": True},
+    "/responses": {"model": "m", "input": "hi", "stream": True},
+    "/messages": {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+}
+API = {"/chat/completions": "chat", "/completions": "completions", "/responses": "responses", "/messages": "messages"}
+
+
+@pytest.mark.parametrize("upstream_stream", [True, False])
+@pytest.mark.parametrize("path", list(STREAMED))
+async def test_it_records_a_stream_whose_harness_left_before_the_first_byte_as_499(live, fake, recorder, path):
+    """The harness sends its whole streaming request on a raw socket and closes it before any answer byte."""
+    app, base = live
+    fake.latency_s = 0.3
+    host, port = base.split("//")[1].split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps(STREAMED[path]).encode()
+    writer.write(f"POST /rollouts/r1/v1{path} HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer s1\r\n"
+                 f"x-api-key: s1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    await writer.drain()
+    await until(lambda: fake.calls == 1, "the call sent to the engine")
+    writer.close()  # before the engine has answered: not a byte of the answer reached the harness
+    await until(lambda: len(recorder.calls) == 1 and app.gate.in_flight == 0, "the abandoned stream recorded")
+
+    [call] = recorder.calls
+    assert (call.status_code, call.error, call.stream, call.api) == (499, NOT_DELIVERED, True, API[path])
+    assert call.request == STREAMED[path]
+    # The engine was left to finish: the record keeps the answer nobody received, with its token ids.
+    assert call.completion_ids[-1] == IM_END and len(call.logprobs) == len(call.completion_ids) == len(
+        encode("Hello! You said: hi")) + 1
+    assert fake.answered == 1
