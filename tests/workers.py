@@ -42,6 +42,8 @@ class Workers:
         self.env.update(DATABASE_URL=database_url(), REDIS_URL=settings.REDIS_URL,
                         CELERY_BROKER_URL=celery_app.conf.broker_url,
                         LIGHTNING_DATA_DIR=str(tmp_path / "data"),
+                        # The registry the test built its models in: workers refuse models outside it.
+                        LIGHTNING_MODELS_DIR=str(settings.LIGHTNING_MODELS_DIR),
                         CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
                         LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
                         LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")
@@ -52,9 +54,9 @@ class Workers:
         """vLLM processes serving from this test's data dir (the run's folder or the engine cache in it)."""
         return pids_matching(str(self.data_dir), "vllm.entrypoints")
 
-    def start(self, name: str, queues: str, beat: bool = False) -> subprocess.Popen:
+    def start(self, name: str, queues: str, beat: bool = False, loglevel: str = "INFO") -> subprocess.Popen:
         argv = [sys.executable, "-m", "celery", "-A", "lightning_web", "worker", "--pool", "solo", "-Q", queues,
-                "-n", f"{name}@test", "--loglevel", "INFO"] + (["--beat"] if beat else [])
+                "-n", f"{name}@test", "--loglevel", loglevel] + (["--beat"] if beat else [])
         log = open(self.logs / f"{name}.log", "wb")
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -23,7 +23,9 @@ def exception_handler(exc, context):
     if isinstance(exc, NotOwned):
         return _respond(status.HTTP_400_BAD_REQUEST, "not_owned", str(exc))
     if isinstance(exc, ServiceError):
-        return _respond(status.HTTP_400_BAD_REQUEST, "invalid", str(exc))
+        field = getattr(exc, "field", None)  # a refusal about one input field: shown there, like a serializer's
+        return _respond(status.HTTP_400_BAD_REQUEST, "invalid", f"{field}: {exc}" if field else str(exc),
+                        **({"fields": {field: [str(exc)]}} if field else {}))
     if isinstance(exc, IntegrityError):  # a race past the serializers' checks, e.g. two creates of one name
         return _respond(status.HTTP_409_CONFLICT, "conflict", "the change conflicts with data saved meanwhile "
                         "(a name already taken?); reload and try again")
@@ -76,9 +78,9 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
-ERROR_STATUSES = (400, 401, 403, 404, 405, 406, 409, 415)
+ERROR_STATUSES = (400, 401, 403, 404, 405, 406, 409, 415, 429)
 """What the handler above can answer on any API operation: bad input, no or wrong credentials, someone else's row,
-a method or media type the operation does not serve, a refused transition or a row in use."""
+a method or media type the operation does not serve, a refused transition or a row in use, too many failed logins."""
 
 
 class DocumentedErrorsSchema(AutoSchema):

@@ -5,13 +5,15 @@ import django_filters
 from django.db.models import Prefetch
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
+from lightning_web import login_limits
 from runs import check_services, registry, selectors, services
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
@@ -282,3 +284,17 @@ class RolloutViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     def get_serializer_class(self):
         return s.RolloutDetailSerializer if self.action == "retrieve" else s.RolloutSerializer
+
+
+class TokenLoginView(ObtainAuthToken):
+    """POST a username and password for that user's API token. Failed attempts count like the login page's
+    (django-axes): past the limit the answer is 429 until the cool-off ends, even for the right password."""
+
+    def post(self, request, *args, **kwargs):
+        try:
+            return super().post(request, *args, **kwargs)
+        except exceptions.ValidationError:
+            if getattr(request, "axes_locked_out", False):  # set by axes on this request when it refused the login
+                raise exceptions.Throttled(wait=login_limits.retry_after_s(),
+                                           detail=login_limits.lockout_message()) from None
+            raise

@@ -60,6 +60,9 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
         password = re.search(r"Log in as: admin / (\S+)", output).group(1)
         token = re.search(r"API token of admin: (\w+)", output).group(1)
         assert f"http://127.0.0.1:{port}/" in output and "Demo ready" in output
+        redis_password = (tmp_path / "data" / "redis" / "password").read_text().strip()
+        output += read_until(proc, r"API docs: .* Redis: ", timeout=30)
+        assert "Redis: redis://:***@127.0.0.1:" in output and redis_password not in output  # shown redacted
         assert (tmp_path / "data" / "db.sqlite3").exists() and (tmp_path / "data" / "redis" / "port").exists()
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=30) as http:

@@ -49,7 +49,8 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
-def workers(tmp_path, test_redis, settings):
+def workers(tmp_path, test_redis, settings, tiny_model):
+    settings.LIGHTNING_MODELS_DIR = tiny_model.parent  # this module's registry: workers load models from it only
     pool = Workers(tmp_path)
     settings.LIGHTNING_RUNS_DIR = pool.runs_dir
     yield pool

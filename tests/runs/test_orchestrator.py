@@ -47,6 +47,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture
 def run_of(alice, tmp_path, tiny_model, settings):
     settings.LIGHTNING_RUNS_DIR = tmp_path / "runs"
+    settings.LIGHTNING_MODELS_DIR = tiny_model.parent  # this module's registry: runs may load models from it only
     (tmp_path / "harness.py").write_text(HARNESS)
 
     def make(config):

@@ -44,7 +44,7 @@ def test_an_external_url_runs_without_weight_sync(alice_api, parts):
 
 @pytest.mark.parametrize("model, message", [
     ("gpt-5", "model 'gpt-5' is not in the registry (available: ['tiny'])"),
-    ("/nonexistent/folder", "is not a folder holding a transformers model"),
+    ("/nonexistent/folder", "model folder /nonexistent/folder is not allowed"),
 ])
 def test_an_unknown_model_is_refused(alice_api, parts, model, message):
     response = alice_api.post("/api/v1/runs/", {**parts, "model": model}, format="json")

@@ -66,6 +66,7 @@ def test_a_missing_run_is_ignored():
 def test_a_kubernetes_harness_is_refused_with_a_reason(alice, make_dataset, make_reward, tmp_path, settings):
     from runs.models import Harness
 
+    settings.LIGHTNING_MODELS_DIR = tmp_path  # a registry of its own holding the model folder `m`
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")

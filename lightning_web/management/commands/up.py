@@ -45,7 +45,8 @@ class Command(BaseCommand):
         try:
             self._wait_ready(url, children)
             self.stdout.write(self.style.SUCCESS(f"\nlightning-web is running at {url}"))
-            self.stdout.write(f"  API docs: {url}api/docs/   Redis: {settings.REDIS_URL}   data: {settings.DATA_DIR}")
+            self.stdout.write(f"  API docs: {url}api/docs/   Redis: {embedded_redis.redacted(settings.REDIS_URL)}   "
+                              f"data: {settings.DATA_DIR}")
             if options["exit_when_ready"]:
                 return
             self.stdout.write("Press Ctrl-C to stop.")
