@@ -8,16 +8,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
-
 from runs import services
 from runs.harness_source import HarnessSource
 from runs.models import Run, Task
+from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from trainer import scheduler
 from trainer.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
-db = sync_to_async
 
 PHASE_EVERY_S = 2.0
 """Seconds between two progress writes: an evaluation is hundreds of attempts, each would be a write and an event."""

@@ -10,24 +10,23 @@ import concurrent.futures
 import logging
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Q
 
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import durability, rollout_services, services
+from runs import durability, isolation, registry, rollout_services, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource
 from runs.models import Run, RunStatus
+from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from runs.recorder import DjangoRecorder, cached_directory
 from trainer import scheduler
 from trainer.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
-db = sync_to_async
 
 
 class RunSetupError(RuntimeError):
@@ -40,7 +39,12 @@ def model_folder(run: Run) -> Path:
     if info.get("origin") == "external":
         raise RunSetupError(f"{run.model} is an external engine: it cannot be trained (no weight sync); "
                             "pick a model from the registry")
-    folder = Path(info.get("path") or "")
+    if not info.get("path"):
+        raise RunSetupError(f"run {run.pk} records no folder for its model {run.model!r}; clone it to resolve it again")
+    try:  # the row may have been changed since create_run checked it: check again what the engine will load
+        folder = registry.check_model_path(run.owner, info["path"])
+    except registry.ModelNotAllowed as exc:
+        raise RunSetupError(str(exc)) from exc
     if not (folder / "config.json").is_file():
         raise RunSetupError(f"model folder {folder} is gone; import the model again (`./lw manage models ...`)")
     if not any(folder.glob("*.safetensors")):
@@ -91,10 +95,21 @@ async def _execute(run_id: int, generation: int) -> str:
         watcher.cancel()
 
 
+def record_isolation(run_id: int) -> str:
+    """How the run's user code will be isolated (runs.isolation), written on the run; RunSetupError where it cannot
+    be and LIGHTNING_UNSAFE_LOCAL_EXEC=1 does not allow running it unisolated."""
+    try:
+        text = isolation.current().describe()
+    except isolation.IsolationError as exc:
+        raise RunSetupError(str(exc)) from exc
+    Run.objects.filter(pk=run_id).update(isolation=text)
+    return text
+
+
 async def _serve_and_train(run_id: int, generation: int) -> str:
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
-    folder = model_folder(run)
+    folder = await db(model_folder)(run)
     train_ids = await db(lambda: list(run.dataset.tasks.filter(split="train").values_list("pk", flat=True)))() \
         if run.dataset_id else []
     if not train_ids:
@@ -102,6 +117,7 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
     if run.harness_snapshot.get("executor", "local") != "local":
         raise RunSetupError(f"harness executor {run.harness_snapshot['executor']!r} is not available in this build; "
                             "use a local harness")
+    await db(record_isolation)(run_id)
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
     resume = None
     if run.checkpoint_path:  # re-queued after a lost worker, resumed or continued by its owner
@@ -146,6 +162,11 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
 
     tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
     source = HarnessSource(run, config, server, workdir, train_ids)
+    return await _unless_engine_dies(getattr(engine.engine, "server", None), source, _steps(
+        run, config, engine, server, workdir, resume, generation, tokenizer, policy, source))
+
+
+async def _steps(run, config, engine, server, workdir, resume, generation, tokenizer, policy, source) -> str:
     evaluator = Evaluator(run, config, source)
     if resume is None:
         await evaluator.maybe(0, force=True)
@@ -175,6 +196,47 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
                         checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint, on_phase=on_phase,
                         first_group_id=resume.next_group_id if resume else 0)
     return RunStatus.SUCCEEDED
+
+
+ENGINE_POLL_S = 1.0
+
+
+class EngineDied(RuntimeError):
+    """The run's vLLM process exited while the run used it; the message says how and shows its last log lines."""
+
+
+async def _unless_engine_dies(server, source: HarnessSource, work) -> str:
+    """Await `work` while the engine process lives. If it dies first (killed, out of memory, crashed), the work
+    stops at once, the rollouts it cut off fail as infrastructure failures saying so, and EngineDied tells the
+    run why, rather than every later call failing until a weight sync finds the engine gone."""
+    training = asyncio.ensure_future(work)
+    try:
+        while not training.done():
+            if server is not None and not server.running():
+                raise EngineDied(await _engine_gone(server, source, training))
+            await asyncio.wait({training}, timeout=ENGINE_POLL_S)
+        if not training.cancelled() and training.exception() is not None and server is not None \
+                and not server.running():
+            raise EngineDied(await _engine_gone(server, source, training)) from training.exception()
+        return training.result()
+    finally:
+        if not training.done():
+            training.cancel()
+            await asyncio.gather(training, return_exceptions=True)
+
+
+async def _engine_gone(server, source: HarnessSource, training: asyncio.Future) -> str:
+    from trainer.engine.server import log_tail
+
+    reason = (f"the engine (vLLM) died mid-run; the run stopped. Its last log lines ({server.log_path}):\n"
+              f"{log_tail(server.log_path, 12)}")
+    source.stop_reason = reason  # the attempts it cuts off fail with this reason, as infrastructure failures
+    training.cancel()
+    await asyncio.gather(training, return_exceptions=True)
+    # Attempts whose task was cancelled before it could close its rollout (their harness is killed meanwhile).
+    await db(rollout_services.fail_unfinished_rollouts)(source.run.pk, reason)
+    await _log(source.run.pk, reason.splitlines()[0])
+    return reason
 
 
 class _Counter:

@@ -4,12 +4,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from asgiref.sync import sync_to_async
-
 from proxy.sampling import GREEDY
 from proxy.types import CachedDirectory, RecordedCall, RolloutInfo
 from runs import rollout_services, services
 from runs.models import ModelCall, Rollout
+from runs.reconnect import db
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +37,14 @@ class DjangoRecorder:
         await done
 
     async def report_reward(self, rollout_id: str, reward: float, detail: dict) -> None:
-        await sync_to_async(rollout_services.report_harness_reward)(int(rollout_id), reward, detail)
+        await db(rollout_services.report_harness_reward)(int(rollout_id), reward, detail)
 
     async def find_response(self, rollout_id: str, response_id: str) -> tuple[dict, dict] | None:
         """(request, response) of the rollout's answered Responses call `response_id` (a restarted proxy's
         `previous_response_id`), or None."""
         if not rollout_id.isdigit():
             return None
-        return await sync_to_async(_find_response)(int(rollout_id), response_id)
+        return await db(_find_response)(int(rollout_id), response_id)
 
     async def _write_batches(self) -> None:
         while self._pending:
@@ -56,7 +55,7 @@ class DjangoRecorder:
             self._full.clear()
             batch, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size:]
             try:
-                await sync_to_async(rollout_services.record_calls)([call for call, _ in batch])
+                await db(rollout_services.record_calls)([call for call, _ in batch])
             except Exception as exc:
                 logger.warning("batch of %d calls not written: %r", len(batch), exc)
                 for _, done in batch:
@@ -74,7 +73,7 @@ class DjangoDirectory:
     async def get(self, rollout_id: str) -> RolloutInfo | None:
         if not rollout_id.isdigit():
             return None
-        return await sync_to_async(_rollout_info)(int(rollout_id))
+        return await db(_rollout_info)(int(rollout_id))
 
 
 def _rollout_info(rollout_id: int) -> RolloutInfo | None:

@@ -139,6 +139,12 @@ def cancel_unfinished_rollouts(run_id: int, error: str) -> int:
         status=RolloutStatus.CANCELLED, error=error, finished_at=timezone.now())
 
 
+def fail_unfinished_rollouts(run_id: int, error: str) -> int:
+    """Fail the run's pending and running rollouts as infrastructure failures (their engine died under them)."""
+    return Rollout.objects.filter(run_id=run_id, status__in=(RolloutStatus.PENDING, RolloutStatus.RUNNING)).update(
+        status=RolloutStatus.FAILED, failure_kind=FailureKind.INFRA, error=error, finished_at=timezone.now())
+
+
 def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
                 metrics: dict[str, float], batch: dict[int, str] | None = None) -> None:
     """Store one training step: its samples, the drift class of every call it read, metrics, step and version.

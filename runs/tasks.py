@@ -1,13 +1,18 @@
 """Celery tasks: take ids, claim with a conditional update, call services and the orchestrator."""
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
+from pathlib import Path
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 
 # check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check
-from runs import check_tasks, durability, model_imports, orchestrator, rollout_services, services  # noqa: F401
+from runs import (check_tasks, durability, model_imports, orchestrator, reconnect,  # noqa: F401
+                  rollout_services, services)
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -32,7 +37,7 @@ def execute_run(self, run_id: int) -> str:
             return _fail(run_id, generation, str(exc))
         except Exception as exc:
             logger.exception("run %s crashed", run_id)
-            return _fail(run_id, generation, f"{type(exc).__name__}: {exc}")
+            return _fail(run_id, generation, crash_reason(exc, Path(settings.LIGHTNING_RUNS_DIR)))
 
 
 @shared_task(name="runs.tasks.sweep_lost_runs")
@@ -41,12 +46,46 @@ def sweep_lost_runs() -> dict[str, str]:
     return {str(run_id): status for run_id, status in durability.sweep_lost_runs().items()}
 
 
+DISK_FULL_BELOW = 16 << 20
+"""Free bytes under which the runs' disk counts as full when a run crashes."""
+
+
+def crash_reason(exc: BaseException, runs_dir: Path) -> str:
+    """The error a crashed run gets: the exception, led by a plain "no space left" when the disk was the cause.
+
+    A full disk surfaces as anything (the engine dying mid-reload, a harness that cannot write its task file, a
+    checkpoint cut short), so the exception chain and the disk itself are both asked."""
+    message = f"{type(exc).__name__}: {exc}"
+    try:
+        free = shutil.disk_usage(runs_dir).free
+    except OSError:
+        free = None
+    if _chain_has_enospc(exc) or (free is not None and free < DISK_FULL_BELOW):
+        room = "" if free is None else f" ({free / 2**20:.1f} MiB free)"
+        return (f"No space left on device: the disk of {runs_dir} is full{room}; free some space, then resume "
+                f"the run (it goes on from its last checkpoint). {message}")
+    return message
+
+
+def _chain_has_enospc(exc: BaseException | None) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _fail(run_id: int, generation: int, message: str) -> str:
     """Fail the run and close its unfinished rollouts, unless this worker no longer holds it."""
-    try:
+    def fail() -> None:
         with transaction.atomic():
             services.fail_run(run_id, message, generation=generation)
             rollout_services.cancel_unfinished_rollouts(run_id, f"run failed: {message[:200]}")
+
+    try:  # this thread's connection may have died with a PostgreSQL restart during the run
+        reconnect.call_with_reconnect(fail)
     except services.InvalidTransition as exc:
         logger.warning("run %s: failure not recorded: %s", run_id, exc)
         return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or "missing"

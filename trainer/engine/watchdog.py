@@ -42,6 +42,9 @@ def main(argv: list[str]) -> int:
     while True:
         code = child.poll()
         if code is not None:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            sys.stderr.write(f"[watchdog] vLLM {how}: stopping the engine group\n")
+            sys.stderr.flush()
             _kill_group(signal.SIGTERM)  # vLLM died: take its helper processes (engine core) with it
             return code
         if os.getppid() != owner:
