@@ -135,6 +135,16 @@ def protected_dirs() -> dict[Path, str]:
     return dirs
 
 
+def interpreter() -> str:
+    """This Python as a sandbox sees it: the venv's own interpreter under the venv's real path (a venv reached
+    through a symlink is bound at its target, and the interpreter must stay inside the venv to find it)."""
+    executable, prefix = Path(sys.executable), Path(sys.prefix)
+    try:
+        return str(real_path(prefix) / executable.relative_to(prefix))
+    except ValueError:
+        return str(real_path(executable))
+
+
 def python_dirs() -> list[Path]:
     """The Python install, the venv and (for `python3` shims) pyenv's root."""
     dirs = [real_path(sys.base_prefix), real_path(sys.prefix)]
@@ -364,7 +374,7 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
             await relay.start(socket_path)
         pids = PidsLimit(HARNESS_PIDS)
         try:
-            inside = [sys.executable, "-I", "-B", str(real_path(LAUNCHER)),
+            inside = [interpreter(), "-I", "-B", str(real_path(LAUNCHER)),
                       "--listen", f"{target[0]}:{target[1]}" if target else "",
                       "--socket", SOCKET_INSIDE if target else "", "--fsize", str(disk_bytes),
                       "--nproc", str(nproc_limit(HARNESS_PIDS)), "--", *argv]
