@@ -48,6 +48,18 @@ HARNESS_TMP_BYTES = 256 * 1024 * 1024
 LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
 SOCKET_INSIDE = "/tmp/.lightning/proxy.sock"
 SOCKET_DIRS = ("/run", "/var/run")
+CODE_INSIDE = Path("/run/lightning")
+"""Where the sandbox sees our own runner and launcher (in its private /run): not in its /tmp, where a checkout
+under /tmp would otherwise show up as the folders leading to them."""
+
+
+def code_inside(path: Path) -> str:
+    """The path at which a sandbox sees one of our own files bound by `code_binds`."""
+    return str(CODE_INSIDE / path.name)
+
+
+def code_binds(*paths: Path) -> list[str]:
+    return [arg for path in paths for arg in ("--ro-bind", str(real_path(path)), code_inside(path))]
 """Where PostgreSQL (/run/postgresql) and system Redis (/run/redis) put their unix sockets: private in a sandbox."""
 COMMON_FLAGS = ("--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
                 "--new-session")
@@ -204,8 +216,8 @@ def _base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int) -> li
 
 def reward_argv(iso: Isolation, python_argv: list[str], runner: Path) -> list[str]:
     """bwrap around the reward runner: no network, Python and the runner read-only, a private /tmp as workdir."""
-    entries = [(p, "ro") for p in python_dirs()[:2]] + [(real_path(runner), "ro")]
-    return [*_base(iso, entries, REWARD_TMP_BYTES), "--chdir", "/tmp", "--", *python_argv]
+    entries = [(p, "ro") for p in python_dirs()[:2]]
+    return [*_base(iso, entries, REWARD_TMP_BYTES), *code_binds(runner), "--chdir", "/tmp", "--", *python_argv]
 
 
 # ---- processes
@@ -364,7 +376,7 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
     workdir = real_path(workdir)
     entries = [(p, "ro") for p in python_dirs()]
     entries += [(p, "ro") for p in harness_paths(argv, env.values(), workdir, read_only)]
-    entries += [(real_path(LAUNCHER), "ro"), (workdir, "rw")]
+    entries += [(workdir, "rw")]
     target = _loopback(base_url)
     _remove_stale_relays()
     with tempfile.TemporaryDirectory(prefix=f"lw-relay-{os.getpid()}-") as sockets:
@@ -374,11 +386,12 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
             await relay.start(socket_path)
         pids = PidsLimit(HARNESS_PIDS)
         try:
-            inside = [interpreter(), "-I", "-B", str(real_path(LAUNCHER)),
+            inside = [interpreter(), "-I", "-B", code_inside(LAUNCHER),
                       "--listen", f"{target[0]}:{target[1]}" if target else "",
                       "--socket", SOCKET_INSIDE if target else "", "--fsize", str(disk_bytes),
                       "--nproc", str(nproc_limit(HARNESS_PIDS)), "--", *argv]
             binds = ["--bind", str(socket_path), SOCKET_INSIDE] if relay is not None else []
+            binds += code_binds(LAUNCHER)
             yield pids.wrap([*_base(iso, entries, HARNESS_TMP_BYTES), *binds, "--chdir", str(workdir), "--",
                              *inside])
         finally:  # no await here: a second cancel must not skip the clean-up

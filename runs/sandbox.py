@@ -76,7 +76,8 @@ def _run(iso: isolation.Isolation, pids: isolation.PidsLimit | None, stdin: byte
     memory, cpu = limits.memory_mb * 1024 * 1024, int(limits.timeout_s) + 1
     nproc = isolation.nproc_limit(isolation.REWARD_PIDS) if iso.bwrap else 0
     python = isolation.interpreter() if iso.bwrap else sys.executable
-    argv = [python, "-I", "-B", str(RUNNER), str(write_fd), str(memory), str(cpu), str(limits.file_bytes),
+    runner = isolation.code_inside(RUNNER) if iso.bwrap else str(RUNNER)
+    argv = [python, "-I", "-B", runner, str(write_fd), str(memory), str(cpu), str(limits.file_bytes),
             str(nproc)]
     home = "/tmp" if iso.bwrap else workdir
     if iso.bwrap:
