@@ -208,10 +208,21 @@ def _mounts(entries: Iterable[tuple[Path, str]], tmp_bytes: int) -> list[str]:
     return args
 
 
-def _base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int) -> list[str]:
+def _base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int, aliases: bool = False) -> list[str]:
     hidden = [(p, "hide") for p in [*protected_dirs(), Path("/tmp")]]
     return [iso.bwrap, *COMMON_FLAGS, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-            *_mounts(hidden + entries, tmp_bytes)]
+            *_mounts(hidden + entries, tmp_bytes), *(_python_aliases() if aliases else [])]
+
+
+def _python_aliases() -> list[str]:
+    """The venv also at the path it was reached by when that is a symlink (its interpreter, named by that path in
+    a harness command, must find pyvenv.cfg beside it)."""
+    args = []
+    for prefix in dict.fromkeys([sys.prefix, sys.base_prefix]):
+        given = Path(os.path.abspath(prefix))
+        if given != real_path(given):
+            args += ["--ro-bind", str(real_path(given)), str(given)]
+    return args
 
 
 def reward_argv(iso: Isolation, python_argv: list[str], runner: Path) -> list[str]:
@@ -392,8 +403,8 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
                       "--nproc", str(nproc_limit(HARNESS_PIDS)), "--", *argv]
             binds = ["--bind", str(socket_path), SOCKET_INSIDE] if relay is not None else []
             binds += code_binds(LAUNCHER)
-            yield pids.wrap([*_base(iso, entries, HARNESS_TMP_BYTES), *binds, "--chdir", str(workdir), "--",
-                             *inside])
+            sandbox = _base(iso, entries, HARNESS_TMP_BYTES, aliases=True)
+            yield pids.wrap([*sandbox, *binds, "--chdir", str(workdir), "--", *inside])
         finally:  # no await here: a second cancel must not skip the clean-up
             pids.close()
             if relay is not None:
