@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from proxy.app import MAX_JSON_DEPTH
+from proxy.request_json import MAX_JSON_DEPTH
 
 VALID = {
     "/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
