@@ -199,6 +199,8 @@ async def _steps(run, config, engine, server, workdir, resume, generation, token
 
 
 ENGINE_POLL_S = 1.0
+ENGINE_DEATH_NOTICE_S = 3.0
+"""How long a run whose work failed waits to see whether the engine died under it (the watchdog polls at 0.5 s)."""
 
 
 class EngineDied(RuntimeError):
@@ -216,13 +218,24 @@ async def _unless_engine_dies(server, source: HarnessSource, work) -> str:
                 raise EngineDied(await _engine_gone(server, source, training))
             await asyncio.wait({training}, timeout=ENGINE_POLL_S)
         if not training.cancelled() and training.exception() is not None and server is not None \
-                and not server.running():
+                and await _dies_within(server, ENGINE_DEATH_NOTICE_S):
             raise EngineDied(await _engine_gone(server, source, training)) from training.exception()
         return training.result()
     finally:
         if not training.done():
             training.cancel()
             await asyncio.gather(training, return_exceptions=True)
+
+
+async def _dies_within(server, seconds: float) -> bool:
+    """Whether the engine's process is gone now or within `seconds`. The work can fail on a dead engine (a refused
+    connection) before its watchdog, which polls vLLM twice a second, has noticed and exited."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while server.running():
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
 
 
 async def _engine_gone(server, source: HarnessSource, training: asyncio.Future) -> str:

@@ -214,7 +214,9 @@ def test_the_trainer_packs_exactly_the_union_of_the_sample_masks(checked):
 def compacting_run(make_run, owner):
     """A run whose harness is the compacting agent and whose one train task is the conformance task."""
     run = make_run(owner)
-    run.harness_snapshot = {**run.harness_snapshot, "command": agent_command("chat"), "env": {}, "timeout_s": 120}
+    run.harness_snapshot = {**run.harness_snapshot, "command": agent_command("chat"), "env": {}, "timeout_s": 120,
+                            # the agent imports examples/harnesses/harness_common: shown read-only in the sandbox
+                            "resources": {"read_only": [str(AGENT.parents[2] / "examples")]}}
     run.reward_snapshot = {**run.reward_snapshot, "source": REWARD_SOURCE}
     run.save(update_fields=["harness_snapshot", "reward_snapshot"])
     task = run.dataset.tasks.filter(split="train").first()

@@ -108,7 +108,25 @@ def test_work_failing_because_the_engine_died_reports_the_death_not_the_symptom(
     assert isinstance(died.value.__cause__, EngineError)
 
 
-def test_work_failing_on_its_own_keeps_its_error(running_rollout, tmp_path):
+def test_work_failing_before_the_watchdog_notices_the_death_still_reports_the_death(running_rollout, tmp_path):
+    """The real race (CI): vLLM is SIGKILLed, the next weight sync is refused at once, and the watchdog (polling
+    vLLM twice a second) exits only afterwards. The run must still say the engine died."""
+    run, rollout = running_rollout
+    server, source = DyingServer(tmp_path / "engine.log"), SimpleNamespace(run=run, stop_reason="")
+
+    async def work():
+        asyncio.get_running_loop().call_later(0.4, setattr, server, "alive", False)  # the watchdog exits later
+        raise EngineError("engine at http://127.0.0.1:1 unreachable for POST /pause: [Errno 111] Connection refused")
+
+    with pytest.raises(orchestrator.EngineDied, match=r"^the engine \(vLLM\) died mid-run") as died:
+        run_async(orchestrator._unless_engine_dies(server, source, work()))
+    assert isinstance(died.value.__cause__, EngineError)
+    rollout.refresh_from_db()
+    assert (rollout.status, rollout.failure_kind) == (RolloutStatus.FAILED, "infra")
+
+
+def test_work_failing_on_its_own_keeps_its_error(running_rollout, tmp_path, monkeypatch):
+    monkeypatch.setattr(orchestrator, "ENGINE_DEATH_NOTICE_S", 0.3)  # a live engine is waited on that long
     run, rollout = running_rollout
     server, source = DyingServer(tmp_path / "engine.log"), SimpleNamespace(run=run, stop_reason="")
 
