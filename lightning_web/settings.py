@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -109,6 +110,19 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {"runs.tasks.execute_run": {"queue": "runs"}}
+# Worker pools (runs.pools): a run names one of LIGHTNING_POOLS ("default" always included); a pool's runs go to the
+# Celery queue `pool-<name>` ("runs" for the default pool), served by `./lw worker --pool <name>`. That worker holds
+# one run per device set of LIGHTNING_DEVICE_SETS ("0,1;2,3": two runs, on GPUs 0,1 and 2,3; empty: one run, on
+# every visible device), each run getting its set as CUDA_VISIBLE_DEVICES.
+LIGHTNING_POOLS = env_list("LIGHTNING_POOLS", ["default"])
+LIGHTNING_DEVICE_SETS = [item.strip() for item in (env_str("LIGHTNING_DEVICE_SETS", "") or "").split(";")]
+for _pool in LIGHTNING_POOLS:  # the pattern of runs.pools.POOL_NAME
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,99}", _pool):
+        raise EnvError(f"LIGHTNING_POOLS: {_pool!r} is not a pool name: use lower-case letters, digits, '-' and '_'")
+if LIGHTNING_DEVICE_SETS != [""] and not all(re.fullmatch(r"[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*", s)
+                                             for s in LIGHTNING_DEVICE_SETS):
+    raise EnvError(f"LIGHTNING_DEVICE_SETS={';'.join(LIGHTNING_DEVICE_SETS)!r}: write sets of comma-separated device "
+                   "ids split by ';', e.g. '0,1;2,3'")
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -226,6 +240,15 @@ LIGHTNING_HARNESS_DISK_MB = env_int("LIGHTNING_HARNESS_DISK_MB", 4096, minimum=1
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
 LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)
+# Kubernetes harnesses (runs.executors.kubernetes): one Job per rollout in LIGHTNING_K8S_NAMESPACE, through the
+# kubeconfig at LIGHTNING_K8S_KUBECONFIG (else the in-cluster service account, else ~/.kube/config). Pods reach the
+# proxy at LIGHTNING_PROXY_ADVERTISE_URL (e.g. http://lightning-proxy.ns.svc:8100, or http://10.0.0.5:{port} for
+# the proxy's own port), so the proxy then listens on LIGHTNING_PROXY_HOST=0.0.0.0. A finished Job is deleted by Kubernetes
+# LIGHTNING_K8S_JOB_TTL_S seconds later (0: by the worker as soon as it has read the results).
+LIGHTNING_PROXY_ADVERTISE_URL = env_str("LIGHTNING_PROXY_ADVERTISE_URL", "")
+LIGHTNING_K8S_NAMESPACE = env_str("LIGHTNING_K8S_NAMESPACE", "default")
+LIGHTNING_K8S_KUBECONFIG = env_str("LIGHTNING_K8S_KUBECONFIG", "")
+LIGHTNING_K8S_JOB_TTL_S = env_int("LIGHTNING_K8S_JOB_TTL_S", 3600, minimum=0)
 
 # Durable runs (runs.durability): the worker holding a run beats every LIGHTNING_HEARTBEAT_EVERY_S; the sweep,
 # every LIGHTNING_SWEEP_EVERY_S, takes a run whose beat is older than LIGHTNING_RUN_LOST_AFTER_S for lost and

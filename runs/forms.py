@@ -11,7 +11,7 @@ from typing import Any
 
 from django import forms
 
-from runs import registry, selectors
+from runs import pools, registry, selectors
 from runs.models import Dataset, Harness, RewardScript, Run
 from runs.registry import UnknownModel
 from trainer import config as trainer_config
@@ -20,7 +20,7 @@ from trainer.config import ConfigError, TrainerConfig
 BASIC_FIELDS = ("steps", "tasks_per_step", "group_size", "learning_rate", "temperature", "mode")
 CONFIG_CHOICES = {"mode": trainer_config.MODES, "advantage": trainer_config.ADVANTAGE_ESTIMATORS,
                   "loss_agg": trainer_config.LOSS_AGGREGATIONS, "dtype": trainer_config.DTYPES}
-RUN_FIELDS = ("name", "model", "harness", "dataset", "reward_script")
+RUN_FIELDS = ("name", "model", "harness", "dataset", "reward_script", "pool")
 
 
 @functools.cache
@@ -90,6 +90,8 @@ class RunForm(forms.Form):
     harness = forms.ModelChoiceField(queryset=Harness.objects.none())
     dataset = forms.ModelChoiceField(queryset=Dataset.objects.none())
     reward_script = forms.ModelChoiceField(queryset=RewardScript.objects.none())
+    pool = forms.ChoiceField(required=False, initial=pools.DEFAULT_POOL, help_text=(
+        "The worker pool that runs it: its workers are started with ./lw worker --pool NAME (LIGHTNING_POOLS)"))
 
     groups = (("run", "Run"), ("basic", "Basic"), ("evaluation", "Evaluation"), ("advanced", "Advanced"))
 
@@ -109,6 +111,7 @@ class RunForm(forms.Form):
         self.fields["harness"].queryset = selectors.owned(Harness.objects.all(), user)
         self.fields["dataset"].queryset = selectors.owned(Dataset.objects.all(), user)
         self.fields["reward_script"].queryset = selectors.owned(RewardScript.objects.all(), user)
+        self.fields["pool"].choices = [(name, name) for name in pools.known_pools()]
         if clone is not None:
             self.initial.update(self.initial_from_run(clone))
 
@@ -117,7 +120,7 @@ class RunForm(forms.Form):
         """The form filled from an existing run: its objects, model and config (fields it lacks keep defaults)."""
         config = {name: value for name, value in (run.config or {}).items() if name in CONFIG_FIELDS}
         return {"name": f"{run.name} (clone)", "model": run.model, "harness": run.harness_id,
-                "dataset": run.dataset_id, "reward_script": run.reward_script_id, **config}
+                "dataset": run.dataset_id, "reward_script": run.reward_script_id, "pool": run.pool, **config}
 
     def field_groups(self) -> list[dict[str, Any]]:
         """Bound fields by fieldset for the template; a group holding an error is marked so it renders open."""
@@ -126,6 +129,9 @@ class RunForm(forms.Form):
             members["run" if name in RUN_FIELDS else config_group(name)].append(self[name])
         return [{"key": key, "title": title, "fields": members[key], "has_errors": any(f.errors for f in members[key])}
                 for key, title in self.groups]
+
+    def clean_pool(self):
+        return self.cleaned_data.get("pool") or pools.DEFAULT_POOL
 
     def clean_extra(self):
         value = self.cleaned_data.get("extra")

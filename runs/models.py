@@ -203,6 +203,8 @@ class Run(Owned):
     isolation = models.CharField(max_length=300, blank=True, help_text=(
         "How its user code was isolated (runs.isolation), set when a worker starts it, e.g. 'bubblewrap 0.11.0: "
         "harnesses reach only the proxy, ...' or 'none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)'"))
+    pool = models.CharField(max_length=100, default="default", db_index=True, help_text=(
+        "The worker pool that runs it: a Celery queue ('pool-<name>') served by the workers started for that pool"))
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -305,6 +307,10 @@ class ModelCall(models.Model):
     drift = models.CharField(max_length=10, choices=Drift.choices, default=Drift.NONE, blank=True)
     sampling_overrides = models.JSONField(
         default=dict, blank=True, help_text="Sampling parameters the harness asked for that the proxy overrode")
+    replica = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Index of the engine replica that answered (None: a run with one engine)")
+    retried = models.BooleanField(
+        default=False, help_text="The call's first replica died mid-call and another replica answered it")
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

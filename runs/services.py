@@ -14,7 +14,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from runs import events
+from runs import events, pools
 from runs.datasets import UploadOptions, field_names, parse_tasks
 from runs.models import (Dataset, Harness, Metric, RewardScript, Rollout, RolloutStatus, Run, RunEvent, RunStatus,
                          Sample, Task)
@@ -240,9 +240,14 @@ def validate_run_config(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, harness: Harness,
-               dataset: Dataset, reward_script: RewardScript, cloned_from: Run | None = None) -> Run:
+               dataset: Dataset, reward_script: RewardScript, cloned_from: Run | None = None,
+               pool: str = pools.DEFAULT_POOL) -> Run:
     for obj in (harness, dataset, reward_script):
         check_owner(owner, obj)
+    try:
+        pools.check_pool(pool)
+    except ValueError as exc:
+        raise ServiceError(f"pool: {exc}") from exc
     try:
         full_config = validate_run_config(config)
     except ConfigError as exc:
@@ -257,7 +262,7 @@ def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, h
         run = Run.objects.create(
             owner=owner, name=name, model=model, model_info=model_info, config=full_config, harness=harness,
             dataset=dataset,
-            reward_script=reward_script, cloned_from=cloned_from,
+            reward_script=reward_script, cloned_from=cloned_from, pool=pool,
             harness_snapshot=_snapshot(harness, HARNESS_FIELDS + ("version",)),
             dataset_snapshot={**_snapshot(dataset, ("name", "version", "content_sha256", "train_count", "val_count")),
                               "hidden_fields": dataset.reward_only_fields},
@@ -269,7 +274,7 @@ def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, h
     return run
 
 
-def clone_run(run: Run, owner, name: str | None = None) -> Run:
+def clone_run(run: Run, owner, name: str | None = None, pool: str | None = None) -> Run:
     """A new queued run with the same settings, on the current versions of its harness, dataset and script."""
     check_owner(owner, run)
     missing = [label for label, obj in (("harness", run.harness), ("dataset", run.dataset),
@@ -278,7 +283,7 @@ def clone_run(run: Run, owner, name: str | None = None) -> Run:
         raise ServiceError(f"cannot clone run {run.pk}: its {', '.join(missing)} was deleted")
     return create_run(owner, name=name or f"{run.name} (clone)", model=run.model, config=run.config,
                       harness=run.harness, dataset=run.dataset, reward_script=run.reward_script,
-                      cloned_from=run)
+                      cloned_from=run, pool=pool or run.pool)
 
 
 def _snapshot(obj, names: tuple[str, ...]) -> dict[str, Any]:
@@ -288,15 +293,17 @@ def _snapshot(obj, names: tuple[str, ...]) -> dict[str, Any]:
 def enqueue_run(run_id: int) -> None:
     from runs.tasks import execute_run
 
-    result = execute_run.apply_async(args=[run_id], queue="runs")
+    pool = Run.objects.filter(pk=run_id).values_list("pool", flat=True).first() or pools.DEFAULT_POOL
+    result = execute_run.apply_async(args=[run_id], queue=pools.queue_for(pool))
     Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=result.id or "")
 
 
-def transition_run(run_id: int, to: str, *, error: str | None = None, expect: Q | None = None, **fields) -> Run:
+def transition_run(run_id: int, to: str, *, error: str | None = None, expect: Q | None = None,
+                   note: dict[str, Any] | None = None, **fields) -> Run:
     """Move a run to `to` if the table allows it from its current status; InvalidTransition otherwise.
 
     `expect` narrows the conditional update further (e.g. the worker generation that holds the run): a run that
-    changed meanwhile is refused rather than overwritten.
+    changed meanwhile is refused rather than overwritten. `note` adds keys to the status event's payload.
     """
     allowed_from = [status for status, targets in RUN_TRANSITIONS.items() if to in targets]
     updates: dict[str, Any] = {"status": to, "updated_at": timezone.now(), **fields}
@@ -315,20 +322,21 @@ def transition_run(run_id: int, to: str, *, error: str | None = None, expect: Q 
             if current in allowed_from:
                 raise InvalidTransition(f"run {run_id} changed meanwhile (it is {current}); not moved to {to}")
             raise InvalidTransition(f"run {run_id} cannot go from {current} to {to}")
-        emit_event(run_id, events.RUN_STATUS, {"status": to, "error": updates.get("error", "")})
+        emit_event(run_id, events.RUN_STATUS, {"status": to, "error": updates.get("error", ""), **(note or {})})
     logger.info("run %s -> %s", run_id, to)
     return Run.objects.get(pk=run_id)
 
 
-def claim_run(run_id: int, task_id: str) -> int | None:
+def claim_run(run_id: int, task_id: str, worker: dict[str, Any] | None = None) -> int | None:
     """Take a queued run for this worker: exactly one claimer wins.
 
     Returns the worker generation (Run.worker_starts after the claim) that this worker's heartbeats and final
     writes must match, so a worker the sweep gave up on can no longer change the run; None if not claimed.
+    `worker` (runs.pools.worker_note: its name, pool and device set) goes into the "starting" event.
     """
     try:
         run = transition_run(run_id, RunStatus.STARTING, celery_task_id=task_id, heartbeat_at=timezone.now(),
-                             worker_starts=F("worker_starts") + 1)
+                             worker_starts=F("worker_starts") + 1, note={"worker": worker} if worker else None)
     except InvalidTransition:
         return None
     return run.worker_starts

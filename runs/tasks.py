@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 # check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check
-from runs import (check_tasks, durability, model_imports, orchestrator, reconnect,  # noqa: F401
+from runs import (check_tasks, durability, model_imports, orchestrator, pools, reconnect,  # noqa: F401
                   rollout_services, services)
 from runs.models import Run, RunStatus
 
@@ -20,8 +20,15 @@ logger = logging.getLogger(__name__)
 
 @shared_task(bind=True, name="runs.tasks.execute_run", acks_late=True)
 def execute_run(self, run_id: int) -> str:
-    """Claim a queued run and drive it to its end, beating for it meanwhile; returns the final status."""
-    generation = services.claim_run(run_id, self.request.id or "")
+    """Claim a queued run and drive it to its end on a free device set of this worker (runs.pools), beating for it
+    meanwhile; returns the final status."""
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    with pools.device_set(self.request.hostname or "", run_id) as devices:
+        return _execute_run(run_id, self.request.id or "", pools.worker_note(devices, queue))
+
+
+def _execute_run(run_id: int, task_id: str, worker: dict) -> str:
+    generation = services.claim_run(run_id, task_id, worker)
     if not generation:
         status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
         logger.info("run %s not claimed (status %s)", run_id, status)

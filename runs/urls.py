@@ -3,7 +3,7 @@ from django.urls import path
 
 from runs import views
 from runs.pages import (compare, datasets, export_views, harnesses, models, rewards, rollout_page, run_inspect,
-                        run_list, run_page, token_view)
+                        run_list, run_page, token_view, workers)
 
 urlpatterns = [
     path("runs/new/", views.new_run, name="run-new"),
@@ -18,4 +18,5 @@ urlpatterns = [
     *rewards.urlpatterns,
     *datasets.urlpatterns,
     *models.urlpatterns,
+    *workers.urlpatterns,
 ]

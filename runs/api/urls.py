@@ -1,4 +1,5 @@
 """Routes of the REST API under /api/v1/."""
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from runs.api import views
@@ -13,4 +14,4 @@ router.register("runs", views.RunViewSet, basename="run")
 router.register("rollouts", views.RolloutViewSet, basename="rollout")
 router.register("models", views.ModelRegistryViewSet, basename="model")
 
-urlpatterns = router.urls
+urlpatterns = router.urls + [path("workers/", views.WorkersView.as_view(), name="workers")]

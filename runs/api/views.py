@@ -12,9 +12,10 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from lightning_web import login_limits
-from runs import check_services, registry, selectors, services
+from runs import check_services, registry, selectors, services, worker_status
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
 from runs.api.renderers import JSONLinesRenderer
@@ -177,7 +178,8 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     def clone(self, request, pk=None):
         body = s.RunCloneSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = services.clone_run(self.get_object(), request.user, body.validated_data.get("name"))
+        run = services.clone_run(self.get_object(), request.user, body.validated_data.get("name"),
+                                 pool=body.validated_data.get("pool"))
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[
@@ -254,6 +256,19 @@ class ModelRegistryViewSet(viewsets.ViewSet):
     @extend_schema(responses=s.ModelInfoSerializer(many=True))
     def list(self, request):
         return Response(s.ModelInfoSerializer([m.to_dict() for m in registry.registered_models()], many=True).data)
+
+
+class WorkersView(APIView):
+    """The live Celery workers: their pools (queues), heartbeat, and the runs they hold on which device sets.
+
+    One object, not a list (a ViewSet's `list` would be documented as an array): when it was asked, for how long,
+    whether any worker answered, and the workers."""
+
+    @extend_schema(responses=s.WorkersSerializer, operation_id="workers_list")
+    def get(self, request):
+        """Ask every worker (ping, stats, active, active_queues, a heartbeat) for up to a second; answered=false
+        when none did."""
+        return Response(s.WorkersSerializer(worker_status.inspect_workers(request.user)).data)
 
 
 RUN_ORDER = ("step", "group", "attempt", "id")

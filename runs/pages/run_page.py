@@ -12,7 +12,7 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from runs import rollout_queries, selectors, services
+from runs import pools, rollout_queries, selectors, services
 from runs.models import RolloutStatus, Run, RunStatus
 
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
@@ -65,7 +65,8 @@ def run_header(run: Run) -> dict:
         if step_times:
             eta = statistics.median(step_times) * max(0, total - run.step)
     return {"steps": total, "elapsed": elapsed, "elapsed_text": duration_text(elapsed),
-            "eta": eta, "eta_text": duration_text(eta), "phase": phase_now(run)}
+            "eta": eta, "eta_text": duration_text(eta), "phase": phase_now(run),
+            "waiting": pools.waiting(run), "worker": pools.started_on(run)}
 
 
 def phase_now(run: Run) -> str:

@@ -74,6 +74,8 @@ export class RunHeader {
       this.finishedAt = null;
     }
     this.el("cancel-form").hidden = !CANCELLABLE.has(status);
+    const waiting = this.el("run-waiting");  // "waiting for pool X (n ahead)", drawn by the server while queued
+    if (waiting && status !== "queued") waiting.hidden = true;
     // Resume / continue forms are drawn by the server for the status it saw; a run that ends later needs a reload.
     if (FINISHED.has(status) && !FINISHED.has(before)) {
       this.el("go-on-reload").hidden = false;

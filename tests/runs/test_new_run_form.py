@@ -98,7 +98,7 @@ def test_it_groups_the_fields(alice_client):
     page = alice_client.get("/runs/new/").content.decode()
     ids = {key: re.findall(r'id="field-(\w+)"', group_html(page, key))
            for key in ("run", "basic", "evaluation", "advanced")}
-    assert ids["run"] == ["name", "model", "harness", "dataset", "reward_script"]
+    assert ids["run"] == ["name", "model", "harness", "dataset", "reward_script", "pool"]
     assert ids["basic"] == ["steps", "tasks_per_step", "group_size", "learning_rate", "temperature", "mode"]
     assert ids["evaluation"] == ["eval_every", "eval_tasks", "eval_samples", "eval_greedy", "eval_concurrency"]
     every = [f.name for f in dataclasses.fields(TrainerConfig)]
