@@ -55,6 +55,9 @@ class Attempt:
     for what else it sees."""
     disk_mb: int | None = None
     """The most its workdir may hold (and the largest file it may write); None: LIGHTNING_HARNESS_DISK_MB."""
+    run_id: str = ""
+    step: int | None = None
+    """The run and the step (policy version) the rollout belongs to: labels on a Kubernetes Job."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +185,23 @@ def _kill(proc) -> None:
 
 def _read_outcome(output_file: Path, exit_code: int | None, stdout: str) -> dict[str, Any]:
     """The harness's output file (a JSON object) plus its exit code and stdout tail."""
+    text = output_file.read_text(errors="replace")[:OUTPUT_MAX_CHARS] if output_file.is_file() else None
+    return parse_outcome(text, exit_code, stdout)
+
+
+OUTPUT_MAX_CHARS = 10 * 1024 * 1024
+
+
+def parse_outcome(text: str | None, exit_code: int | None, stdout: str) -> dict[str, Any]:
+    """The outcome the reward function receives from the output file's text (None: no file): a JSON object as is,
+    other JSON as {"output": value}, anything else as {"output_raw": text}; plus the exit code and stdout tail."""
     data: dict[str, Any] = {}
-    if output_file.is_file():
+    if text is not None:
         try:
-            loaded = json.loads(output_file.read_text()[: 10 * 1024 * 1024])
+            loaded = json.loads(text)
             data = loaded if isinstance(loaded, dict) else {"output": loaded}
         except ValueError:
-            data = {"output_raw": output_file.read_text(errors="replace")[:TAIL_BYTES]}
+            data = {"output_raw": text[:TAIL_BYTES]}
     data.setdefault("exit_code", exit_code)
     data.setdefault("stdout", stdout[-4096:])
     return data

@@ -12,7 +12,8 @@ from typing import Iterator
 
 from proxy.server import ProxyServer
 from runs import rollout_services, services
-from runs.executor import Attempt, LocalExecutor
+from runs.executor import Attempt
+from runs.executors import for_harness
 from runs.models import ModelCall, RolloutStatus, Run, Task
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from trainer import scheduler
@@ -27,7 +28,7 @@ class HarnessSource:
 
     def __init__(self, run: Run, config: TrainerConfig, server: ProxyServer, workdir: Path, train_ids: list[int]):
         self.run, self.config, self.server, self.workdir = run, config, server, workdir
-        self.train_ids, self.executor = train_ids, LocalExecutor()
+        self.train_ids, self.executor = train_ids, for_harness(run.harness_snapshot)
         self.finished: asyncio.Queue = asyncio.Queue()
         self.running: dict[int, list[asyncio.Task]] = {}
         self.policy_version = 0
@@ -82,7 +83,8 @@ class HarnessSource:
                 workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id,
                 task=self.run.harness_task(task.data),
                 rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret,
-                read_only=tuple((harness.get("resources") or {}).get("read_only") or ())))
+                read_only=tuple((harness.get("resources") or {}).get("read_only") or ()),
+                run_id=str(self.run.pk), step=version))
         except asyncio.CancelledError:
             if self.stop_reason:  # cut off by the engine's death, not by its owner
                 await db(rollout_services.finish_rollout)(

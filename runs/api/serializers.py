@@ -6,9 +6,10 @@ import re
 import string
 
 from drf_spectacular.utils import extend_schema_field
+from kubernetes.utils import parse_quantity
 from rest_framework import serializers
 
-from runs import isolation, selectors
+from runs import isolation, pools, selectors
 from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names
 from runs.executor import PLACEHOLDERS
 from runs.models import (CheckEngine, Dataset, Executor, Harness, HarnessCheck, Metric, ModelCall, RewardScript,
@@ -16,6 +17,16 @@ from runs.models import (CheckEngine, Dataset, Executor, Harness, HarnessCheck, 
 
 HARNESS_PLACEHOLDERS = frozenset(PLACEHOLDERS)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_IMAGE_HOST = (rf"(?:(?:localhost|{_IMAGE_LABEL}(?:\.{_IMAGE_LABEL})+|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
+               rf"|{_IMAGE_LABEL}:[0-9]+)")  # a registry has a dot or a port, or is localhost
+IMAGE_REF = re.compile(rf"^(?:{_IMAGE_HOST}/)?{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                       r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$")
+"""A container image reference as the distribution spec (docker/distribution `reference`) writes it."""
+RESOURCE_KEYS = ("cpu", "memory", "gpu", "read_only")
+CPU = re.compile(r"^[0-9]+(?:\.[0-9]+)?m?$")
+MEMORY = re.compile(r"^[0-9]+(?:\.[0-9]+)?(?:[KMGTPE]i|[kMGTPE])?$")
 
 
 class OwnedPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
@@ -34,6 +45,20 @@ def _check_placeholders(what: str, text: str) -> None:
     if unknown:
         raise serializers.ValidationError(
             f"unknown placeholder(s) {sorted(unknown)}; available: {sorted(HARNESS_PLACEHOLDERS)}")
+
+
+def _check_quantity(resources: dict, key: str, pattern: re.Pattern, what: str) -> None:
+    """A Kubernetes quantity (kubernetes.utils.parse_quantity reads it) above zero, in the units `pattern` allows."""
+    if key not in resources:
+        return
+    value = resources[key]
+    text = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    try:
+        ok = isinstance(text, str) and bool(pattern.match(text)) and parse_quantity(text) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise serializers.ValidationError(f"{key} must be {what}, got {value!r}")
 
 
 class UniqueNameMixin:
@@ -84,9 +109,24 @@ class HarnessSerializer(UniqueNameMixin, serializers.ModelSerializer):
             _check_placeholders(f"value of {key}", item)  # the executor fills env values as it fills argv
         return value
 
+    def validate_image(self, value):
+        if value and (len(value) > 255 or not IMAGE_REF.match(value)):
+            raise serializers.ValidationError(f"{value!r} is not a container image reference such as "
+                                              "ghcr.io/me/agent:1 or python:3.12-slim (lowercase name, optional tag "
+                                              "and @sha256 digest)")
+        return value
+
     def validate_resources(self, value):
         if not isinstance(value, dict):
             raise serializers.ValidationError("must be an object such as {\"cpu\": \"1\", \"memory\": \"2Gi\"}")
+        unknown = sorted(set(value) - set(RESOURCE_KEYS))
+        if unknown:
+            raise serializers.ValidationError(f"unknown key(s) {unknown}; allowed: {', '.join(RESOURCE_KEYS)}")
+        _check_quantity(value, "cpu", CPU, 'a CPU quantity such as "500m" or "2"')
+        _check_quantity(value, "memory", MEMORY, 'a memory quantity such as "512Mi" or "2Gi"')
+        gpu = value.get("gpu", 0)
+        if isinstance(gpu, bool) or not (isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit())):
+            raise serializers.ValidationError("gpu must be a whole number of GPUs, such as 1")
         read_only = value.get("read_only", [])
         if not (isinstance(read_only, list) and all(isinstance(p, str) and p.startswith("/") for p in read_only)):
             raise serializers.ValidationError("read_only must be a list of absolute paths the harness is shown "
@@ -218,14 +258,42 @@ class TaskSerializer(serializers.ModelSerializer):
         fields = ["id", "dataset", "index", "external_id", "split", "data"]
 
 
+class PoolWaitSerializer(serializers.Serializer):
+    pool = serializers.CharField()
+    ahead = serializers.IntegerField(help_text="Queued runs of the pool created before this one")
+    message = serializers.CharField(help_text="'waiting for pool X (n ahead)'")
+
+
 class RunSerializer(serializers.ModelSerializer):
+    waiting = serializers.SerializerMethodField(help_text="While queued: the pool it waits for; null otherwise")
+
     class Meta:
         model = Run
         fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
-                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "created_at",
-                  "started_at", "finished_at"]
+                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "pool", "waiting",
+                  "created_at", "started_at", "finished_at"]
         read_only_fields = fields
+
+    @extend_schema_field(PoolWaitSerializer(allow_null=True))
+    def get_waiting(self, run):
+        return pools.waiting(run)
+
+
+class PoolField(serializers.CharField):
+    """A pool name that LIGHTNING_POOLS knows (a typo is a field error listing the pools)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_length", 100)
+        kwargs.setdefault("help_text", "The worker pool that runs it (LIGHTNING_POOLS; 'default' unless set)")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        try:
+            return pools.check_pool(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class RunCreateSerializer(serializers.Serializer):
@@ -235,6 +303,7 @@ class RunCreateSerializer(serializers.Serializer):
     harness = OwnedPrimaryKeyRelatedField(queryset=Harness.objects.all())
     dataset = OwnedPrimaryKeyRelatedField(queryset=Dataset.objects.all())
     reward_script = OwnedPrimaryKeyRelatedField(queryset=RewardScript.objects.all())
+    pool = PoolField(required=False, default=pools.DEFAULT_POOL)
 
     def validate_config(self, value):
         if not isinstance(value, dict):
@@ -244,6 +313,7 @@ class RunCreateSerializer(serializers.Serializer):
 
 class RunCloneSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
+    pool = PoolField(required=False, help_text="Another pool for the clone (default: the run's own)")
 
 
 class RunContinueSerializer(serializers.Serializer):
@@ -292,7 +362,7 @@ class ModelCallSerializer(serializers.ModelSerializer):
         model = ModelCall
         fields = ["id", "seq", "api", "stream", "request", "response", "prompt_ids", "completion_ids", "logprobs",
                   "finish_reason", "status_code", "latency_ms", "policy_version", "drift", "sampling_overrides",
-                  "error", "created_at"]
+                  "error", "replica", "retried", "created_at"]
 
 
 class SampleSerializer(serializers.ModelSerializer):
@@ -356,3 +426,34 @@ class HarnessCheckCreateSerializer(serializers.Serializer):
         if task is None:
             raise serializers.ValidationError({"task_id": f"dataset {dataset.name!r} has no task {task_id!r}"})
         return {**attrs, "task": task}
+
+
+class WorkerTaskSerializer(serializers.Serializer):
+    task = serializers.CharField(help_text="The Celery task's name, e.g. runs.tasks.execute_run")
+    id = serializers.CharField(help_text="The Celery task id")
+    run = serializers.IntegerField(allow_null=True, help_text="The run it executes (execute_run); null otherwise")
+    run_name = serializers.CharField(allow_null=True, help_text="Null for a run of another user (or none)")
+    run_status = serializers.CharField(allow_null=True)
+    device_set = serializers.IntegerField(allow_null=True, help_text="Index of the worker's device set it holds")
+    devices = serializers.CharField(allow_null=True, help_text="Its CUDA_VISIBLE_DEVICES ('' for every device)")
+
+
+class WorkerSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The Celery node name, e.g. pool-gpu-a100@host")
+    queues = serializers.ListField(child=serializers.CharField(), help_text="The queues it consumes")
+    pools = serializers.ListField(child=serializers.CharField(), help_text="The run pools of those queues")
+    heartbeat_age_s = serializers.FloatField(allow_null=True, help_text="Seconds since its last heartbeat event")
+    pid = serializers.IntegerField(allow_null=True)
+    uptime_s = serializers.IntegerField(allow_null=True)
+    concurrency = serializers.IntegerField(allow_null=True, help_text="Tasks it runs at once (its device sets)")
+    processed = serializers.IntegerField(help_text="Tasks it has taken since it started")
+    active = WorkerTaskSerializer(many=True)
+
+
+class WorkersSerializer(serializers.Serializer):
+    """Output only: what runs.worker_status.inspect_workers returns (for the schema)."""
+
+    checked_at = serializers.DateTimeField()
+    timeout_s = serializers.FloatField(help_text="How long the workers had to answer")
+    answered = serializers.BooleanField(help_text="False when no worker answered within timeout_s")
+    workers = WorkerSerializer(many=True)

@@ -8,6 +8,7 @@ from trainer.scheduler import StepReport
 
 class Run:
     pk = 1
+    harness_snapshot = {"executor": "local"}
 
 
 async def test_a_crashed_attempt_still_reports_so_its_group_completes(tmp_path):

@@ -63,9 +63,11 @@ def test_a_missing_run_is_ignored():
     assert execute_run.apply(args=[999999]).get() == "missing"
 
 
-def test_a_kubernetes_harness_is_refused_with_a_reason(alice, make_dataset, make_reward, tmp_path, settings):
+def test_a_kubernetes_harness_pods_cannot_reach_is_refused_with_the_fix(alice, make_dataset, make_reward, tmp_path,
+                                                                        settings):
     from runs.models import Harness
 
+    settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "127.0.0.1", ""  # a loopback proxy
     settings.LIGHTNING_MODELS_DIR = tmp_path  # a registry of its own holding the model folder `m`
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
@@ -75,5 +77,6 @@ def test_a_kubernetes_harness_is_refused_with_a_reason(alice, make_dataset, make
                               dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert execute_run.apply(args=[run.pk]).get() == "failed"
     run.refresh_from_db()
-    assert run.error.startswith("harness executor 'kubernetes' is not available in this build")
+    assert run.error.startswith("a kubernetes harness cannot reach the proxy listening on 127.0.0.1: set "
+                                "LIGHTNING_PROXY_HOST=0.0.0.0 and LIGHTNING_PROXY_ADVERTISE_URL")
     assert Harness.objects.get(pk=harness.pk).executor == "kubernetes"
