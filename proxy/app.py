@@ -21,11 +21,12 @@ from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body,
 from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
 from proxy.recording import RecordingQueue
+from proxy.replicas import Placement, Replicas
 from proxy.request_json import parse_json
 from proxy.responses_api import ResponsesAdapter
 from proxy.sampling import enforce_sampling, rollout_sampling
 from proxy.types import RecordedCall, Recorder, RolloutDirectory, RolloutInfo, UpstreamConfig
-from proxy.upstream import Upstream, UpstreamError
+from proxy.upstream import UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class _Call:
         self.seq = proxy._take_seq(info, adapter.samples)  # n > 1: one seq per choice (recording.per_choice)
         self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
+        self.placement = Placement()  # the engine replica that answers, set by proxy.replicas
         self.done = False  # its record is built
         self.hung_up = False  # the harness disconnected before the record was built
         self.delivered = False  # answer bytes went out while the harness was still connected
@@ -122,6 +124,7 @@ class _Call:
             status_code=status, latency_ms=(time.perf_counter() - self._t0) * 1000.0,
             policy_version=self.policy_version, error=error, stream=self.adapter.stream,
             started_at=self.started_at, upstream_response=answer, sampling_overrides=self.sampling_overrides,
+            replica=self.placement.replica, retried=self.placement.retried,
         )
 
     def submit(self, record: RecordedCall) -> asyncio.Task:
@@ -197,10 +200,12 @@ class ProxyApp:
         retry_after_s: float = 5.0,
         transport=None,
         bodies_limit_bytes: int = 512 * 1024 * 1024,
+        replica_alive: Callable[[int], bool] | None = None,
     ) -> None:
         self.directory = directory
         self.config = upstream
-        self.upstream = Upstream(upstream, transport)
+        # The engine, or its replicas (upstream.replica_urls): `replica_alive(i)` tells whether replica i still runs.
+        self.engines = Replicas(upstream, transport, alive=replica_alive)
         self.records = RecordingQueue(recorder)
         self.recorder = recorder
         self.gate = Gate(pause_wait_s, retry_after_s)
@@ -272,7 +277,7 @@ class ProxyApp:
     async def aclose(self) -> None:
         """Flush pending and retried records, then close the engine client."""
         await self.records.aclose()
-        await self.upstream.aclose()
+        await self.engines.aclose()
 
     @asynccontextmanager
     async def _lifespan(self, app):
@@ -379,7 +384,8 @@ class ProxyApp:
         """
         adapter = call.adapter
         try:
-            answer = await self.upstream.post_json(adapter.upstream_path, call.upstream_body)
+            answer = await self.engines.post_json(call.rollout_id, adapter.upstream_path, call.upstream_body,
+                                                  call.placement)
             response = adapter.response(answer)
         except UpstreamError as exc:
             return await self._failed(call, exc)
@@ -409,7 +415,8 @@ class ProxyApp:
         adapter = call.adapter
         stack = AsyncExitStack()
         try:
-            chunks = await stack.enter_async_context(self.upstream.stream(adapter.upstream_path, call.upstream_body))
+            chunks = await stack.enter_async_context(self.engines.stream(call.rollout_id, adapter.upstream_path,
+                                                                         call.upstream_body, call.placement))
         except UpstreamError as exc:
             await stack.aclose()
             return await self._failed(call, exc)
@@ -505,7 +512,7 @@ class ProxyApp:
         except ProxyError as exc:
             return error_response(ANTHROPIC, exc)
         try:
-            answer = await self.upstream.tokenize(body)
+            answer = await self.engines.tokenize(body)
         except UpstreamError as exc:
             message = upstream_error_message(exc.body, exc.message)
             logger.warning("rollout %s: count_tokens failed: %s: %s", info.rollout_id, exc.status, message)

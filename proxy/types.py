@@ -33,6 +33,8 @@ class RecordedCall:
     upstream_response: dict | None = None  # engine's answer (streams: assembled), with token ids
     sampling_overrides: dict = field(default_factory=dict)  # harness's value of each sampling knob the proxy changed
     choice: int = 0  # the engine choice whose tokens this record holds (see samples_asked)
+    replica: int | None = None  # index of the engine replica that answered (None: one engine, no replicas)
+    retried: bool = False  # its first replica died under it and another answered (proxy.replicas)
 
 
 def samples_asked(api: str, request: dict) -> int:
@@ -163,6 +165,10 @@ class UpstreamConfig:
 
     base_url: str = "http://127.0.0.1:8000/v1"
     """OpenAI-compatible base URL of the engine, including /v1."""
+    replica_urls: tuple[str, ...] = ()
+    """Base URLs (each including /v1) of several replicas of the same engine; when set, calls go to them
+    (proxy.replicas: a rollout pinned to one, a call cut off by a dying one retried once on another) and
+    base_url is not used. Empty: the one engine at base_url."""
     served_model: str = "model"
     """Model name the engine serves; every harness model name maps to it."""
     api_key: str | None = None
@@ -190,6 +196,10 @@ class UpstreamConfig:
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"UpstreamConfig.base_url must be an http(s) URL, got {self.base_url!r}")
+        object.__setattr__(self, "replica_urls", tuple(self.replica_urls))
+        for url in self.replica_urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(f"UpstreamConfig.replica_urls must hold http(s) URLs, got {url!r}")
         if self.pool_shards < 1 or self.max_connections < self.pool_shards:
             raise ValueError("UpstreamConfig needs pool_shards >= 1 and max_connections >= pool_shards")
         if min(self.connect_timeout_s, self.read_timeout_s, self.write_timeout_s, self.pool_timeout_s) <= 0:

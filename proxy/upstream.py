@@ -36,6 +36,11 @@ class UpstreamUnavailable(UpstreamError):
     status = 502
 
 
+class UpstreamGone(UpstreamUnavailable):
+    """The connection failed (refused, reset, closed without an answer): the engine may have died. A call cut off
+    this way is the one kind proxy.replicas retries on another replica."""
+
+
 class UpstreamStatusError(UpstreamError):
     """The engine answered 4xx/5xx; its status and body pass through to the harness."""
 
@@ -44,7 +49,7 @@ def _map_transport_error(exc: httpx.HTTPError) -> UpstreamError:
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(f"engine timed out ({type(exc).__name__})")
     if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
-        return UpstreamUnavailable(f"engine unreachable ({type(exc).__name__}: {exc})")
+        return UpstreamGone(f"engine unreachable ({type(exc).__name__}: {exc})")
     return UpstreamUnavailable(f"engine request failed ({type(exc).__name__}: {exc})")
 
 
@@ -149,6 +154,14 @@ class Upstream:
         if not isinstance(data, dict):
             raise UpstreamUnavailable("engine answered with a JSON value that is not an object")
         return data
+
+    async def healthy(self, timeout_s: float = 2.0) -> bool:
+        """Whether the engine answers GET /health (at its root) with 200 within `timeout_s`."""
+        try:
+            response = await self._client.get(self._root + "health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     async def tokenize(self, body: dict) -> dict:
         """POST vLLM's /tokenize: `{"count", "max_model_len", "tokens"}` for a prompt or chat messages."""

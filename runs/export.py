@@ -34,7 +34,7 @@ ROLLOUT_COLUMNS = ("id", "split", "step", "trained_step", "group", "attempt", "g
                    "reward", "reward_detail", "failure_kind", "drop_reason", "exit_code", "error", "call_count",
                    "created_at", "started_at", "finished_at", "task__external_id", "task__data")
 CALL_COLUMNS = ("seq", "api", "stream", "status_code", "finish_reason", "latency_ms", "policy_version", "drift",
-                "error")
+                "error", "replica", "retried")
 CALL_JSON = ("request", "response", "prompt_ids", "completion_ids", "logprobs", "sampling_overrides")
 SAMPLE_COLUMNS = ("index", "advantage", "build", "step", "policy_version")
 SAMPLE_JSON = ("token_ids", "loss_mask", "logprobs", "trainer_logprobs", "call_seqs", "spans")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from pathlib import Path
 
 from django.conf import settings
@@ -16,7 +17,7 @@ from django.db.models import Q
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import durability, isolation, registry, rollout_services, services
+from runs import durability, executors, isolation, registry, rollout_services, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource
@@ -114,9 +115,10 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
         if run.dataset_id else []
     if not train_ids:
         raise RunSetupError("the run's dataset is gone or has no train tasks")
-    if run.harness_snapshot.get("executor", "local") != "local":
-        raise RunSetupError(f"harness executor {run.harness_snapshot['executor']!r} is not available in this build; "
-                            "use a local harness")
+    try:
+        executors.for_harness(run.harness_snapshot)  # an unknown executor, or a cluster this worker cannot use
+    except executors.ExecutorSetupError as exc:
+        raise RunSetupError(str(exc)) from exc
     await db(record_isolation)(run_id)
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
     resume = None
@@ -137,11 +139,14 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
     async def engine_progress(phase: str, fraction: float | None) -> None:  # at most once a second
         await db(services.set_run_phase)(run_id, f"starting the engine: {phase}", fraction)
 
-    async with serving_engine(engine_config, workdir / "engine", on_progress=engine_progress) as engine:
+    async with serving_engine(engine_config, workdir / "engine", on_progress=engine_progress,
+                              replicas=config.engine_replicas) as engine:
         await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation))
-        upstream = UpstreamConfig(base_url=engine.base_url + "/v1", served_model=engine_config.served_model_name,
-                                  sampling=config.sampling)
-        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version)
+        replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
+        upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas,
+                                  served_model=engine_config.served_model_name, sampling=config.sampling)
+        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version,
+                         replica_alive=getattr(engine, "replica_running", None))
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:
             return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids,
@@ -154,16 +159,29 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.policy import Policy
+    from trainer.distributed import make_policy
+
+    cancelled = threading.Event()
 
     def load() -> tuple:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        return tokenizer, Policy(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
+        # world_size > 1: a DistributedPolicy, rank 0 here and ranks 1..N-1 spawned (stopped by close below).
+        policy = make_policy(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
+        if cancelled.is_set():  # nobody will close it: stop its ranks now
+            policy.close()
+        return tokenizer, policy
 
-    tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
-    source = HarnessSource(run, config, server, workdir, train_ids)
-    return await _unless_engine_dies(getattr(engine.engine, "server", None), source, _steps(
-        run, config, engine, server, workdir, resume, generation, tokenizer, policy, source))
+    try:
+        tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+    try:
+        source = HarnessSource(run, config, server, workdir, train_ids)
+        return await _unless_engine_dies(getattr(engine.engine, "server", None), source, _steps(
+            run, config, engine, server, workdir, resume, generation, tokenizer, policy, source))
+    finally:
+        await asyncio.to_thread(policy.close)
 
 
 async def _steps(run, config, engine, server, workdir, resume, generation, tokenizer, policy, source) -> str:
@@ -214,6 +232,9 @@ async def _unless_engine_dies(server, source: HarnessSource, work) -> str:
     training = asyncio.ensure_future(work)
     try:
         while not training.done():
+            for index in getattr(server, "newly_dead", lambda: [])():  # engine replicas: the others go on
+                await _log(source.run.pk, f"engine replica {index} died" + (
+                    "; the run goes on with the replicas left" if server.running() else ""))
             if server is not None and not server.running():
                 raise EngineDied(await _engine_gone(server, source, training))
             await asyncio.wait({training}, timeout=ENGINE_POLL_S)

@@ -142,4 +142,4 @@ class JsonArrayLength(Func):
 
 
 CALL_COLUMNS = ("seq", "api", "stream", "status_code", "latency_ms", "finish_reason", "drift", "policy_version",
-                "error", "created_at")
+                "error", "replica", "retried", "created_at")

@@ -58,7 +58,8 @@ def _call_row(call) -> ModelCall:
         response=call.response, prompt_ids=list(call.prompt_ids), completion_ids=list(call.completion_ids),
         logprobs=list(call.logprobs), finish_reason=call.finish_reason or "", status_code=call.status_code,
         latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "",
-        sampling_overrides=getattr(call, "sampling_overrides", {}) or {})
+        sampling_overrides=getattr(call, "sampling_overrides", {}) or {},
+        replica=getattr(call, "replica", None), retried=bool(getattr(call, "retried", False)))
 
 
 def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:
