@@ -64,6 +64,9 @@ class TrainerConfig:
     """Peak memory of a training step in GB: lowers micro_batch_tokens to fit (trainer.memory); 0: no limit."""
     gradient_checkpointing: bool = False
     """Recompute layers in backward: 4.7x less activation memory, 15-20% fewer tokens/s (SmolLM2 on CPU)."""
+    world_size: int = 1
+    """Trainer processes (torch.distributed data parallel, trainer.distributed); the step's batch is split between
+    them and their gradients summed, so any world size takes the same update. 1: train in the worker process."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 disables clipping."""
     weight_decay: float = 0.0
@@ -84,6 +87,9 @@ class TrainerConfig:
     """Engine: longest prompt + completion in tokens (vLLM --max-model-len)."""
     kv_cache_gb: float = 1.0
     """Engine: KV cache size in GiB."""
+    engine_replicas: int = 1
+    """Engine: vLLM servers of the model (each its own port and, on a GPU host, its own device); the proxy pins each
+    rollout to one and retries a call cut off by a dying one on another. 1: one engine, as without replicas."""
     eval_every: int = 0
     """Score val tasks (eval/pass@1) every N steps, and before the first and after the last; 0: those two only."""
     eval_tasks: int = 100
@@ -139,7 +145,8 @@ class TrainerConfig:
 
 def _check_sizes(c: TrainerConfig) -> None:
     for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens", "eval_samples",
-                 "eval_concurrency"):
+                 "eval_concurrency", "world_size",
+                 "engine_replicas"):
         if getattr(c, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(c, name)}; set {name} >= 1")
     for name in ("loss_norm_tokens", "max_staleness", "groups_in_flight", "checkpoint_every", "eval_every",

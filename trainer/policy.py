@@ -7,14 +7,17 @@ import logging
 import os
 import random
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from trainer.algorithms import Metrics, loss_weights, policy_loss
 from trainer.config import TrainerConfig
@@ -22,10 +25,14 @@ from trainer.memory import GB, micro_batch_positions, peak_rss_bytes, release_fr
 from trainer.samples import Sample
 
 logger = logging.getLogger(__name__)
+# A single-process policy saves its optimizer with torch.distributed.checkpoint's no_dist, which warns every time.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 TRAINER_CONFIG_FILE = "trainer_config.json"
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+"""The optimizer state of checkpoints written before it moved to OPTIMIZER_DIR (still loaded)."""
+OPTIMIZER_DIR = "optimizer"
 RNG_FILE = "rng.pt"
 REFERENCE_FILE = "reference.safetensors"
 MIN_LOGPROB = -50.0
@@ -53,6 +60,14 @@ class PackedBatch:
             return self
         tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "num_tokens"}
         return PackedBatch(**tensors, num_tokens=self.num_tokens)
+
+
+def loss_token_starts(samples: Sequence[Sample]) -> list[int]:
+    """(S + 1) offsets of each sample's first loss token in `pack`'s sample-ordered loss tokens."""
+    starts = [0]
+    for s in samples:
+        starts.append(starts[-1] + sum(s.loss_mask[1:]))
+    return starts
 
 
 def layout(lengths: Sequence[int]) -> list[list[int]]:
@@ -159,6 +174,9 @@ def sampling_logits(logits: Tensor, temperature: float, top_k: int = -1) -> Tens
 class Policy:
     """A causal LM being trained, its AdamW state and step count (= the policy version it serves after sync)."""
 
+    rank, world_size = 0, 1
+    """This process's place among the trainer's processes (trainer.distributed.ShardedPolicy sets them)."""
+
     def __init__(self, model: nn.Module, config: TrainerConfig):
         self.model, self.config = model, config
         # Fails fast (ConfigError) when max_train_memory_gb cannot hold even this model's optimizer state.
@@ -239,23 +257,43 @@ class Policy:
         """
         owner = pack(samples).sample_index  # (M,) over the whole mini-batch, for global loss weights
         weights = loss_weights(self.config.loss_agg, torch.ones(len(owner)), owner, rollout[owner], norm).float()
-        totals, offset = _MetricSum(), 0
-        for indices in micro_batches(samples, self.micro_batch_positions):
+        starts = loss_token_starts(samples)  # where each sample's weights begin
+        parts: list[tuple[Metrics, int]] = []
+        for indices in self._micro_batches(samples):
             batch = pack([samples[i] for i in indices], first_index=indices[0])
-            m = len(batch.targets)
+            m, offset = len(batch.targets), starts[indices[0]]
             before = None if old is None else torch.cat([old[i] for i in indices])
             metrics, logp = self._backward(batch, adv[batch.sample_index], weights[offset:offset + m], before)
             self._keep_logprobs([samples[i] for i in indices], [part[i] for i in indices],
                                 logp if before is None else before)
             metrics["train/tokens"] = batch.num_tokens
+            parts.append((metrics, m))
+        totals = _MetricSum()
+        for metrics, m in self._all_parts(parts):
             totals.add(metrics, weight=m)
-            offset += m
+        self._reduce_gradients()
         grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         result = totals.result()
         result["actor/grad_norm"] = grad_norm
         return result
+
+    # Data parallel hooks (trainer.distributed.ShardedPolicy): in one process a rank trains every micro-batch.
+
+    def _micro_batches(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Index lists of the micro-batches of a mini-batch this process trains."""
+        return micro_batches(samples, self.micro_batch_positions)
+
+    def _all_parts(self, parts: list[tuple[Metrics, int]]) -> list[tuple[Metrics, int]]:
+        """Metrics and loss tokens of every micro-batch of the mini-batch, from whichever process trained it."""
+        return parts
+
+    def _reduce_gradients(self) -> None:
+        """Make the accumulated gradients those of the whole mini-batch (a no-op in one process)."""
+
+    def close(self) -> None:
+        """Release the trainer's processes (none in one process)."""
 
     def _backward(self, batch: PackedBatch, adv: Tensor, weights: Tensor, old: Tensor | None) -> Metrics:
         device = next(self.model.parameters()).device
@@ -298,25 +336,40 @@ class Policy:
     # ---- checkpoints ------------------------------------------------------------------------------------
 
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """HF-format safetensors weights + config, trainer config, optimizer, RNG states and step."""
+        """HF-format safetensors weights + config, trainer config, optimizer, RNG states and step.
+
+        The optimizer state goes through torch.distributed.checkpoint (keyed by parameter name), so a checkpoint
+        written at one world size loads at any other; every rank calls this, only rank 0 writes the other files.
+        """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
-        (path / TRAINER_CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
-        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, path / RNG_FILE)
-        if self.reference is not None:
-            save_file({k: v.contiguous() for k, v in self.reference.state_dict().items()
-                       if k != "lm_head.weight" or not _tied(self.reference)}, path / REFERENCE_FILE)
-        (path / STATE_FILE).write_text(json.dumps({"step": self.step}))
-        logger.info("saved checkpoint of step %d to %s", self.step, path)
+        stepped = bool(self.optimizer.state)  # no state before the first optimizer step: nothing to save
+        if stepped:
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                     checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
+        if self.rank == 0:
+            self.model.save_pretrained(path, safe_serialization=True)
+            (path / TRAINER_CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, path / RNG_FILE)
+            if self.reference is not None:
+                save_file({k: v.contiguous() for k, v in self.reference.state_dict().items()
+                           if k != "lm_head.weight" or not _tied(self.reference)}, path / REFERENCE_FILE)
+            (path / STATE_FILE).write_text(json.dumps({"step": self.step}))
+            logger.info("saved checkpoint of step %d to %s", self.step, path)
         return path
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Restore everything `save_checkpoint` wrote, so the next step equals the uninterrupted one."""
         path = Path(path)
         _load_weights(self.model, load_file(path / "model.safetensors"))
-        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        if (path / OPTIMIZER_FILE).exists():  # the single-process format of earlier checkpoints
+            self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        elif (path / OPTIMIZER_DIR / ".metadata").exists():
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer)
+            dcp.load({"optimizer": optimizer}, checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer)
+        else:  # saved before the first optimizer step (nothing trained yet)
+            self.optimizer.state.clear()
         rng = torch.load(path / RNG_FILE, weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
