@@ -48,8 +48,15 @@ CLOSE_WAIT_S = 10.0
 
 
 def make_policy(model: nn.Module, config: TrainerConfig) -> Policy | "DistributedPolicy":
-    """The trainer a run uses: one process at world_size 1, else rank 0 of a data-parallel group."""
-    return Policy(model, config) if config.world_size == 1 else DistributedPolicy(model, config)
+    """The trainer a run uses: one process at world_size 1, else rank 0 of a data-parallel group.
+
+    On CPU the ranks share this process's cores: each rank (rank 0 included, until close()) gets an equal part of
+    torch's threads, not all of them each, which would oversubscribe the cores world_size times."""
+    if config.world_size == 1:
+        return Policy(model, config)
+    if next(model.parameters()).device.type == "cuda":
+        return DistributedPolicy(model, config)
+    return DistributedPolicy(model, config, threads=max(1, torch.get_num_threads() // config.world_size))
 
 
 def shard(lengths: Sequence[int], world_size: int) -> list[range]:
@@ -172,12 +179,18 @@ class DistributedPolicy:
         self._procs: list[multiprocessing.Process] = []
         self._closed = False
         self.world_size = world
+        self._threads_before = None
+        self.rank_threads = threads or torch.get_num_threads()
+        """torch threads of ranks 1..N-1 (and of rank 0 while open, where `threads` was given on CPU)."""
+        if threads is not None and backend == "gloo":  # rank 0 (this process) takes its part of the cores too
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads)
         try:
             for rank in range(1, world):
                 ours, theirs = context.Pipe()
                 proc = context.Process(target=_rank_main, name=f"trainer-rank-{rank}", daemon=True, args=(
                     rank, world, store.port, backend, type(model), model.config, parameter.dtype, config,
-                    threads or torch.get_num_threads(), theirs))
+                    self.rank_threads, theirs))
                 proc.start()
                 theirs.close()
                 self._conns.append(ours)
@@ -323,6 +336,9 @@ class DistributedPolicy:
 
     def _abort(self) -> None:
         self._closed = True
+        if self._threads_before is not None:  # rank 0's share of the cores goes back to the whole process
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         self._kill()
         for conn in self._conns:
             conn.close()

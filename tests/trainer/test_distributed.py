@@ -125,9 +125,12 @@ def test_it_takes_world_size_1s_steps_at_world_size_2_and_its_checkpoint_resumes
 def test_it_resumes_a_world_size_1_checkpoint_at_world_size_2_and_stops_when_a_rank_dies(
         random_samples_module, reference):
     _, second = batches(random_samples_module)
+    threads = torch.get_num_threads()
     policy = make_policy(tiny_qwen2(seed=2), TrainerConfig(**{**CONFIG.to_dict(), "world_size": 2}))
     try:
         assert isinstance(policy, DistributedPolicy) and policy.world_size == 2
+        # On CPU the two ranks split this process's cores instead of each taking all of them.
+        assert policy.rank_threads == torch.get_num_threads() == max(1, threads // 2)
         policy.load_checkpoint(reference["checkpoint"])
         assert policy.step == 1
         policy.train_step(*second)
@@ -143,6 +146,7 @@ def test_it_resumes_a_world_size_1_checkpoint_at_world_size_2_and_stops_when_a_r
     finally:
         policy.close()
     assert not dist.is_initialized()
+    assert torch.get_num_threads() == threads  # rank 0's share goes back when the group closes
 
 
 def test_it_still_loads_checkpoints_with_the_optimizer_in_one_file(tmp_path, random_samples_module, reference):
