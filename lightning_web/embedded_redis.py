@@ -29,8 +29,9 @@ class EmbeddedRedisError(RuntimeError):
 
 
 def redacted(url: str) -> str:
-    """The URL with its password (if any) replaced by ***: what logs and error messages may show."""
-    return re.sub(r"^([a-z+]+://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL (each `;` entry of a Sentinel URL) with its password (if any) replaced by ***: what logs and error
+    messages may show."""
+    return ";".join(re.sub(r"^([a-z+]+://[^:/@]*:)[^@/]*@", r"\1***@", part) for part in url.split(";"))
 
 
 def _ping(port: int, password: str | None) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from lightning_web import embedded_redis
+from lightning_web import embedded_redis, redis_urls
 from lightning_web.env import EnvError, data_dir, env_bool, env_int, env_list, env_str, env_url, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -95,17 +95,37 @@ else:
     # Named explicitly: a forked live server (browser tests) would otherwise prefix "test_" a second time.
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}"}
 
-REDIS_URL = env_url("REDIS_URL", ("redis", "rediss")) or embedded_redis.ensure_running(DATA_DIR)
+# REDIS_URL: redis://, rediss://, or Redis Sentinel as sentinel://[:PASSWORD@]HOST:PORT[/DB];sentinel://HOST:PORT...
+# with the group named by LIGHTNING_REDIS_SENTINEL_MASTER (lightning_web.redis_urls builds each user's form of it).
+LIGHTNING_REDIS_SENTINEL_MASTER = env_str("LIGHTNING_REDIS_SENTINEL_MASTER", "mymaster")
+LIGHTNING_REDIS_SENTINEL_PASSWORD = env_str("LIGHTNING_REDIS_SENTINEL_PASSWORD")
+
+
+def _redis_url(name: str) -> str | None:
+    value = env_url(name, redis_urls.SCHEMES)
+    if value is not None and redis_urls.is_sentinel(value):
+        try:
+            redis_urls.parse_sentinel(value)
+        except ValueError as exc:
+            raise EnvError(f"{name}={embedded_redis.redacted(value)!r}: {exc}") from None
+    return value
+
+
+REDIS_URL = _redis_url("REDIS_URL") or embedded_redis.ensure_running(DATA_DIR)
 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "lightning")},
+        "CONFIG": {"hosts": [redis_urls.channel_layer_host(REDIS_URL, LIGHTNING_REDIS_SENTINEL_MASTER,
+                                                           LIGHTNING_REDIS_SENTINEL_PASSWORD)],
+                   "prefix": env_str("CHANNELS_PREFIX", "lightning")},
     }
 }
 
 # The queues live on REDIS_URL too, unless CELERY_BROKER_URL names another database (tests keep theirs apart).
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", ("redis", "rediss")) or REDIS_URL
+CELERY_BROKER_URL = _redis_url("CELERY_BROKER_URL") or REDIS_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = redis_urls.broker_transport_options(
+    CELERY_BROKER_URL, LIGHTNING_REDIS_SENTINEL_MASTER, LIGHTNING_REDIS_SENTINEL_PASSWORD)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "default"

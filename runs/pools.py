@@ -25,6 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q
 
+from lightning_web import redis_urls
 from runs import events
 from runs.models import Run, RunStatus
 
@@ -119,7 +120,9 @@ class DeviceClaim:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(current_app.conf.broker_url)
+    """The broker's Redis (its current primary, where the broker is a Sentinel group)."""
+    return redis_urls.client(current_app.conf.broker_url, settings.LIGHTNING_REDIS_SENTINEL_MASTER,
+                             settings.LIGHTNING_REDIS_SENTINEL_PASSWORD)
 
 
 def process_start(pid: int) -> int | None:
