@@ -121,6 +121,23 @@ def sweep_lost_runs(now: datetime | None = None) -> dict[int, str]:
     return done
 
 
+UNSENT_AFTER_S = 30
+"""A queued run with no Celery task id this long after its last change never reached the queue (enqueue_run sets the
+id right after the broker takes the message)."""
+
+
+def requeue_unsent(now: datetime | None = None) -> list[int]:
+    """Hand every queued run whose message never reached the broker to its queue again; returns the ids sent."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=UNSENT_AFTER_S)
+    sent = []
+    for run_id in Run.objects.filter(status=RunStatus.QUEUED, celery_task_id="", updated_at__lt=cutoff).order_by(
+            "pk").values_list("pk", flat=True):
+        if services.enqueue_run(run_id):
+            logger.warning("run %s was queued with no message on the broker; handed to the queue again", run_id)
+            sent.append(run_id)
+    return sent
+
+
 # ---------------------------------------------------------------- resuming
 
 

@@ -290,12 +290,23 @@ def _snapshot(obj, names: tuple[str, ...]) -> dict[str, Any]:
     return {"id": obj.pk, **{name: getattr(obj, name) for name in names}}
 
 
-def enqueue_run(run_id: int) -> None:
+def enqueue_run(run_id: int) -> bool:
+    """Hand a queued run to its pool's queue; False (and a line in the run's log) when the broker cannot be reached.
+
+    The run stays queued without a task id then, and the sweep (runs.durability.requeue_unsent) hands it over again
+    once the broker answers: a run is never left queued with no message behind it."""
     from runs.tasks import execute_run
 
     pool = Run.objects.filter(pk=run_id).values_list("pool", flat=True).first() or pools.DEFAULT_POOL
-    result = execute_run.apply_async(args=[run_id], queue=pools.queue_for(pool))
+    try:
+        result = execute_run.apply_async(args=[run_id], queue=pools.queue_for(pool))
+    except Exception as exc:  # kombu.exceptions.OperationalError and friends, after Celery's publish retries
+        logger.warning("run %s: could not reach the queue (%s); the sweep queues it again", run_id, exc)
+        emit_event(run_id, events.RUN_LOG, {"line": f"could not reach the run queue ({type(exc).__name__}: "
+                                                    f"{str(exc)[:300]}); it is handed over again once it answers"})
+        return False
     Run.objects.filter(pk=run_id, celery_task_id="").update(celery_task_id=result.id or "")
+    return True
 
 
 def transition_run(run_id: int, to: str, *, error: str | None = None, expect: Q | None = None,

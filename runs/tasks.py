@@ -49,8 +49,12 @@ def _execute_run(run_id: int, task_id: str, worker: dict) -> str:
 
 @shared_task(name="runs.tasks.sweep_lost_runs")
 def sweep_lost_runs() -> dict[str, str]:
-    """Celery beat runs this every LIGHTNING_SWEEP_EVERY_S: reclaim runs whose worker stopped beating."""
-    return {str(run_id): status for run_id, status in durability.sweep_lost_runs().items()}
+    """Celery beat runs this every LIGHTNING_SWEEP_EVERY_S: reclaim runs whose worker stopped beating, and hand
+    queued runs whose queue message never left (the broker was down) to the queue again."""
+    swept = {str(run_id): status for run_id, status in durability.sweep_lost_runs().items()}
+    for run_id in durability.requeue_unsent():
+        swept.setdefault(str(run_id), "queued (handed to the queue again)")
+    return swept
 
 
 DISK_FULL_BELOW = 16 << 20

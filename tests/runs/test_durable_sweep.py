@@ -1,4 +1,5 @@
 """The sweep: runs whose worker stopped beating are cancelled, re-queued from their checkpoint, or failed."""
+import json
 from datetime import timedelta
 
 import pytest
@@ -135,3 +136,53 @@ def test_a_worker_that_beats_after_the_sweep_looked_keeps_its_run(alice, make_ru
 def test_the_celery_task_sweeps(alice, make_run):
     run = held_run(make_run, alice, silent_s=61)
     assert sweep_lost_runs.apply().get() == {str(run.pk): "failed"}
+
+
+# ---------------------------------------------------------------- runs whose queue message never left
+
+
+@pytest.fixture
+def broker_down(monkeypatch):
+    """Celery's broker is a port nobody listens on (as when Redis is down) until the test calls the returned `up`."""
+    from common.procs import free_port
+    from lightning_web.celery import app as celery_app
+
+    def use(url):  # new connection pools for the URL (the test's own are put back afterwards)
+        monkeypatch.setattr(celery_app.conf, "broker_url", url)
+        monkeypatch.setattr(celery_app, "_pool", None)
+        monkeypatch.setattr(celery_app.amqp, "_producer_pool", None)
+
+    real = celery_app.conf.broker_url
+    use(f"redis://127.0.0.1:{free_port()}/0")
+    yield lambda: use(real)
+
+
+def test_a_run_created_while_the_broker_is_down_is_created_and_queued_by_the_sweep_once_it_is_back(
+        test_redis, alice, alice_api, make_harness, make_dataset, make_reward, broker_down,
+        django_capture_on_commit_callbacks):
+    body = {"name": "unsent", "model": "tiny", "harness": make_harness(alice).pk,
+            "dataset": make_dataset(alice).pk, "reward_script": make_reward(alice).pk}
+    with django_capture_on_commit_callbacks(execute=True):
+        created = alice_api.post("/api/v1/runs/", body, format="json")
+    assert created.status_code == 201, created.content
+    run = Run.objects.get(pk=created.json()["id"])
+    assert (run.status, run.celery_task_id) == ("queued", "")
+    logged = [e.payload["line"] for e in run.events.filter(kind="run.log")]
+    assert len(logged) == 1 and logged[0].startswith("could not reach the run queue (OperationalError")
+
+    # A fresh one is left alone (its message may be on its way); the broker still down sends nothing.
+    assert durability.requeue_unsent() == []
+    later = timezone.now() + timedelta(seconds=durability.UNSENT_AFTER_S + 1)
+    assert durability.requeue_unsent(now=later) == []
+    assert Run.objects.get(pk=run.pk).celery_task_id == ""
+
+    broker_down()  # Redis is back: the beat's next sweep hands the run over
+    Run.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(seconds=durability.UNSENT_AFTER_S + 1))
+    assert sweep_lost_runs.apply().get() == {str(run.pk): "queued (handed to the queue again)"}
+    run.refresh_from_db()
+    assert run.status == "queued" and run.celery_task_id
+    queued = [json.loads(m) for m in test_redis.lrange("runs", 0, -1)]
+    assert [m["headers"]["id"] for m in queued] == [run.celery_task_id]
+    assert [m["headers"]["argsrepr"] for m in queued] == [f"[{run.pk}]"]
+    # Sent once: the next sweep has nothing to do.
+    assert durability.requeue_unsent(now=later) == []
