@@ -4,7 +4,8 @@ One run (real Celery worker, vLLM on CPU) with `engine_replicas: 2` and three st
 both replicas (each reports weight version 1 at step 2). During step 2 the test SIGKILLs the vLLM process of the
 replica that has a call being generated: the proxy retries that call on the other replica (recorded retried, and
 the harness gets its 200), re-pins the rollout there, and the run goes on with one replica: steps 2 and 3 train and
-sync their weights into it, and the run succeeds.
+sync their weights into it, and the run succeeds. The run also trains at `world_size: 2` (rank 1 spawned beside the
+worker's rank 0, gone with the run), so the scaled-out shape is proven end to end in one real run.
 
 Run under the heavy lock on a shared machine:
 `flock /tmp/lw-heavy.lock .venv/bin/python -m pytest tests/e2e/test_engine_replicas.py`.
@@ -62,8 +63,8 @@ import random
 def reward(task, outcome):
     return random.random() if "reply" in outcome else 0.0
 '''
-CONFIG = {"steps": 3, "tasks_per_step": 2, "group_size": 2, "engine_replicas": 2, "checkpoint_every": 0,
-          "max_model_len": 512, "kv_cache_gb": 0.25, "eval_tasks": 0}
+CONFIG = {"steps": 3, "tasks_per_step": 2, "group_size": 2, "engine_replicas": 2, "world_size": 2,
+          "checkpoint_every": 0, "max_model_len": 512, "kv_cache_gb": 0.25, "eval_tasks": 0}
 
 
 def _replicas(worker_pid: int) -> dict[int, int]:
@@ -72,6 +73,11 @@ def _replicas(worker_pid: int) -> dict[int, int]:
                  if f"watchdog.py {worker_pid} --" in cmdline(pid)]
     engines = [s.pid for s in all_stats() if s.ppid in watchdogs and s.running]
     return {int(re.search(r"--port (\d+)", cmdline(pid)).group(1)): pid for pid in engines}
+
+
+def _trainer_ranks(worker_pid: int) -> list[int]:
+    """Pids of the trainer ranks 1..N-1 the worker spawned (torch.multiprocessing spawn children)."""
+    return [s.pid for s in all_stats() if s.ppid == worker_pid and s.running and "spawn_main" in cmdline(s.pid)]
 
 
 def _get(port: int, path: str) -> httpx.Response | None:
@@ -99,7 +105,7 @@ def _kill_a_replica_mid_call(workers: Workers, worker_pid: int) -> dict:
         time.sleep(0.02)
     assert busy is not None, f"no call was being generated on either replica\n{workers.tails()}"
     os.kill(replicas[busy], signal.SIGKILL)
-    return {"port": busy, "pid": replicas[busy], "versions": versions,
+    return {"port": busy, "pid": replicas[busy], "versions": versions, "ranks": _trainer_ranks(worker_pid),
             "survivor": next(port for port in replicas if port != busy)}
 
 
@@ -164,6 +170,7 @@ def replica_run(django_db_setup, django_db_blocker, tmp_path_factory):
             wait_db(lambda: Run.objects.get(pk=run.pk).status in services.FINISHED, "the end of the run", workers,
                     timeout=300)
             wait_db(lambda: _replicas(worker.pid) == {}, "the engines to go", workers, timeout=60)
+            wait_db(lambda: _trainer_ranks(worker.pid) == [], "the trainer ranks to go", workers, timeout=60)
             run.refresh_from_db()
             snapshot = {
                 "run": {"status": run.status, "error": run.error, "step": run.step,
@@ -188,6 +195,11 @@ def replica_run(django_db_setup, django_db_blocker, tmp_path_factory):
             broker.close()
             call_command("flush", interactive=False, verbosity=0)
     return snapshot
+
+
+def test_the_run_trained_at_world_size_2_and_its_rank_went_with_it(replica_run):
+    assert len(replica_run["killed"]["ranks"]) == 1  # rank 1 beside the worker's rank 0, mid-run
+    assert replica_run["run"]["policy_version"] == 3  # three steps trained and synced from rank 0
 
 
 def test_a_weight_update_reaches_both_replicas(replica_run):
