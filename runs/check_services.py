@@ -30,9 +30,13 @@ def start_harness_check(user, harness: Harness, *, task: Task | dict[str, Any], 
     """
     for obj in (harness, reward_script):
         check_owner(user, obj)
-    if harness.executor != Executor.LOCAL:
-        raise ServiceError(f"harness '{harness.name}' runs on {harness.get_executor_display()}: a check runs "
-                           "harnesses as local subprocesses only")
+    if harness.executor != Executor.LOCAL:  # a cluster the workers cannot use is said now, not after the queue
+        from runs.executors import ExecutorSetupError, for_harness
+
+        try:
+            for_harness({"executor": harness.executor, "image": harness.image, "resources": harness.resources})
+        except ExecutorSetupError as exc:
+            raise ServiceError(f"harness '{harness.name}' cannot be checked here: {exc}") from None
     if isinstance(task, Task):
         check_owner(user, task.dataset)
         data = task.data

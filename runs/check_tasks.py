@@ -10,9 +10,9 @@ from typing import Iterator
 from celery import shared_task
 from django.conf import settings
 
-from runs import check_services, services
+from runs import check_services, executors, services
 from runs.harness_check import check_harness
-from runs.models import CheckEngine, HarnessCheck
+from runs.models import CheckEngine, Executor, HarnessCheck
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,12 @@ def run_check(check: HarnessCheck) -> dict:
     tokenizer or against the model itself on vLLM."""
     harness, script = check.harness, check.reward_script
     folder = check_services.check_tokenizer_model(check.model)
+    try:
+        executor = executors.for_harness({"executor": harness.executor, "image": harness.image,
+                                          "resources": harness.resources})
+    except executors.ExecutorSetupError as exc:
+        raise services.ServiceError(f"the harness cannot run on this worker: {exc}") from None
+    local = harness.executor == Executor.LOCAL  # a pod reaches the proxy where a run's pods do
     with tempfile.TemporaryDirectory(prefix=f"harness-check-{check.pk}-") as workdir:
         scripted = nullcontext((None, check.model))  # check_harness starts the scripted engine itself
         serving = vllm_engine(folder, Path(workdir)) if check.engine == CheckEngine.VLLM else scripted
@@ -50,7 +56,8 @@ def run_check(check: HarnessCheck) -> dict:
                 harness.command, harness.env, harness.timeout_s, check.task, hidden=check.reward_only_fields,
                 tokenizer_dir=folder, engine_base_url=engine_base_url, model=model,
                 reward_source=script.source if script else None, workdir=workdir,
-                read_only=(harness.resources or {}).get("read_only") or ())
+                read_only=(harness.resources or {}).get("read_only") or (), executor=executor,
+                proxy_host="127.0.0.1" if local else settings.LIGHTNING_PROXY_HOST, check_id=str(check.pk))
     return result.report()
 
 

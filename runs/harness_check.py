@@ -19,6 +19,7 @@ from proxy.server import ProxyServer
 from proxy.types import InMemoryDirectory, InMemoryRecorder, RecordedCall, UpstreamConfig
 from runs.datasets import harness_view, hidden_fields
 from runs.executor import Attempt, LocalExecutor, Outcome
+from runs.executors import Executor
 from runs.harness_source import trainable_calls
 from runs.sandbox import score
 from trainer.samples import FORK, BuildResult, Decode, build_samples
@@ -86,14 +87,17 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
                   workdir: str | Path, hidden: Iterable[str] = (),
                   tokenizer_dir: str | Path | None = None, engine_base_url: str | None = None,
                   model: str = "scripted", reward_source: str | None = None,
-                  policy: Policy | None = None, read_only: Iterable[str] = ()) -> CheckResult:
+                  policy: Policy | None = None, read_only: Iterable[str] = (), executor: Executor | None = None,
+                  proxy_host: str = "127.0.0.1", check_id: str = "") -> CheckResult:
     """Run the harness once on `task` and judge it. The harness sees the task without its reward-only fields (the
     defaults and `hidden`, a dataset's own), the reward script the whole task.
 
     The engine is the scripted one over `tokenizer_dir` (answering with `policy`, FileEditPolicy by default), or
     the engine at `engine_base_url` serving `model` (then `tokenizer_dir`, if given, only proves realigns).
     The reward script, if any, gets `task` and the harness's outcome. `read_only`: the paths the harness declares
-    (its resources["read_only"]), shown to it read-only in its sandbox. Blocking.
+    (its resources["read_only"]), shown to it read-only in its sandbox. `executor` runs the harness (a local
+    subprocess by default; a Kubernetes Job for a kubernetes harness, whose pod then reaches the proxy on
+    `proxy_host` through the advertised address; `check_id` labels the Job). Blocking.
     """
     if tokenizer_dir is None and engine_base_url is None:
         raise ValueError("check_harness needs tokenizer_dir (the scripted engine) or engine_base_url")
@@ -103,13 +107,13 @@ def check_harness(command: list[str], env: dict[str, str], timeout_s: float, tas
     with ExitStack() as stack:
         base_url = engine_base_url or stack.enter_context(ScriptedServer(engine)).base_url
         app = create_app(directory, recorder, UpstreamConfig(base_url=base_url, served_model=model))
-        proxy = stack.enter_context(ProxyServer(app, host="127.0.0.1"))
+        proxy = stack.enter_context(ProxyServer(app, host=proxy_host))
         attempt = Attempt(command=list(command), env=dict(env), timeout_s=timeout_s,
                           workdir=Path(workdir) / "rollout", task_id="check",
                           task=harness_view(task, hidden_fields(hidden)),
                           rollout_id=ROLLOUT_ID, base_url=proxy.base_url(ROLLOUT_ID), api_key=secret, model=model,
-                          read_only=tuple(read_only))
-        out = asyncio.run(LocalExecutor().run(attempt))
+                          read_only=tuple(read_only), run_id=f"check-{check_id}" if check_id else "")
+        out = asyncio.run((executor or LocalExecutor()).run(attempt))
     # The proxy has stopped: its lifespan end flushed every record.
     calls = recorder.for_rollout(ROLLOUT_ID)
     decode = engine.tokenizer.decode if engine is not None else _decoder(tokenizer_dir)

@@ -23,7 +23,8 @@ from runs.executor import Attempt, LocalExecutor
 from runs.executors import ExecutorSetupError, for_harness
 from runs.executors import kubernetes as k8s
 from runs.harness_source import HarnessSource
-from runs.models import Harness, Rollout, Task
+from runs.models import Harness, HarnessCheck, Rollout, Task
+from tests.conformance.conftest import tiny_tokenizer_dir  # noqa: F401 (fixture)
 
 JOBS = kmock.resource("batch/v1/jobs")
 PODS = kmock.resource("v1/pods")
@@ -427,6 +428,52 @@ async def test_a_rollout_of_a_kubernetes_harness_is_recorded_and_scored(cluster,
     assert (rollout.status, rollout.reward, rollout.exit_code) == ("succeeded", 1.0, 0)
     assert rollout.reward_detail == {"checked": True}
     await sync_to_async(connections.close_all)()  # the ORM thread's session would hold the test database open
+
+
+async def test_a_harness_check_of_a_kubernetes_harness_runs_its_pod_against_the_proxy(cluster, settings, tmp_path,
+                                                                                       tiny_tokenizer_dir):  # noqa: F811
+    """The harness check runs a kubernetes harness as a Job too: its pod (played here by a local process) calls the
+    check's proxy at the advertised address, and the verdict comes from what it recorded."""
+    from runs.harness_check import OK, check_harness
+    from tests.conformance.conftest import CONFORMANCE_TASK, REWARD_SOURCE
+    from tests.runs.test_harness_check import AGENT
+
+    settings.LIGHTNING_PROXY_ADVERTISE_URL = "http://127.0.0.1:{port}"  # where this machine's "pods" reach it
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    command = [sys.executable, str(agent), "good", "{task_file}", "{output_file}", "{base_url}", "{api_key}", "{model}"]
+    executor = for_harness({"executor": "kubernetes", "image": "ghcr.io/me/agent:1"})
+    running = asyncio.ensure_future(asyncio.to_thread(
+        check_harness, command, {}, 60, CONFORMANCE_TASK, tokenizer_dir=tiny_tokenizer_dir,
+        reward_source=REWARD_SOURCE, workdir=tmp_path / "work", executor=executor, proxy_host="0.0.0.0",
+        check_id="12"))
+    job = await created_job(cluster)
+    assert job["metadata"]["labels"]["lightning/run"] == "check-12"
+    env = {item["name"]: item["value"] for item in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["OPENAI_BASE_URL"].startswith("http://127.0.0.1:") and env["OPENAI_BASE_URL"].endswith(
+        "/rollouts/check/v1")
+    assert "expected" not in json.loads(env["LIGHTNING_TASK_JSON"])  # the reward-only field stays out of the pod
+    pod_run = await asyncio.to_thread(run_pod, job, tmp_path / "pod")
+    assert pod_run["exit_code"] == 0, pod_run["log"]
+    await finish(cluster, job, pod_status=terminated(0, pod_run["message"]), log=pod_run["log"])
+    result = await running
+
+    assert result.verdict == OK, result.reasons
+    assert len(result.calls) >= 2 and all(c.status_code == 200 for c in result.calls)
+    assert result.reward["reward"] == 1.0
+    assert result.outcome["files"] == {"notes.txt": "status: final\n"}
+
+
+@pytest.mark.django_db
+def test_the_api_queues_a_check_of_a_kubernetes_harness_when_the_cluster_is_usable(cluster, alice, alice_api,
+                                                                                  make_harness, settings,
+                                                                                  tiny_tokenizer_dir):  # noqa: F811
+    settings.LIGHTNING_MODELS_DIR = tiny_tokenizer_dir.parent
+    harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
+    response = alice_api.post(f"/api/v1/harnesses/{harness.pk}/checks/",
+                              {"task": {"prompt": "hi"}, "model": tiny_tokenizer_dir.name}, format="json")
+    assert response.status_code == 202, response.json()
+    assert HarnessCheck.objects.get(pk=response.json()["id"]).status == "queued"
 
 
 @pytest.mark.parametrize("host, advertise, message", [

@@ -106,12 +106,25 @@ def test_a_model_without_tokenizer_files_is_refused_naming_the_ones_that_have_th
     assert not HarnessCheck.objects.exists()
 
 
-def test_a_kubernetes_harness_is_refused(alice_api, alice, make_harness):
+def test_a_kubernetes_harness_where_no_cluster_is_configured_is_refused_with_the_fix(alice_api, alice, make_harness,
+                                                                                     settings, tmp_path):
+    settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "0.0.0.0", "http://10.0.0.5:{port}"
+    settings.LIGHTNING_K8S_KUBECONFIG = str(tmp_path / "missing")
     harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
     response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny"}, format="json")
     assert response.status_code == 400
-    assert response.json()["error"]["message"] == ("harness 'agent' runs on Kubernetes Job: a check runs harnesses "
-                                                   "as local subprocesses only")
+    message = response.json()["error"]["message"]
+    assert message.startswith("harness 'agent' cannot be checked here: no Kubernetes cluster to run harness jobs on")
+    assert "LIGHTNING_K8S_KUBECONFIG" in message
+    assert not HarnessCheck.objects.exists()
+
+
+def test_a_kubernetes_harness_whose_pods_cannot_reach_the_proxy_is_refused(alice_api, alice, make_harness, settings):
+    settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "0.0.0.0", ""
+    harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
+    response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny"}, format="json")
+    assert response.status_code == 400
+    assert "set LIGHTNING_PROXY_ADVERTISE_URL" in response.json()["error"]["message"]
     assert not HarnessCheck.objects.exists()
 
 
