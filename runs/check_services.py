@@ -30,13 +30,6 @@ def start_harness_check(user, harness: Harness, *, task: Task | dict[str, Any], 
     """
     for obj in (harness, reward_script):
         check_owner(user, obj)
-    if harness.executor != Executor.LOCAL:  # a cluster the workers cannot use is said now, not after the queue
-        from runs.executors import ExecutorSetupError, for_harness
-
-        try:
-            for_harness({"executor": harness.executor, "image": harness.image, "resources": harness.resources})
-        except ExecutorSetupError as exc:
-            raise ServiceError(f"harness '{harness.name}' cannot be checked here: {exc}") from None
     if isinstance(task, Task):
         check_owner(user, task.dataset)
         data = task.data
@@ -53,7 +46,7 @@ def start_harness_check(user, harness: Harness, *, task: Task | dict[str, Any], 
         check = HarnessCheck.objects.create(
             owner=user, harness=harness, harness_version=harness.version, task=data, task_source=source,
             reward_script=reward_script, engine=engine, model=model)
-        transaction.on_commit(lambda: enqueue_harness_check(check.pk, engine))
+        transaction.on_commit(lambda: enqueue_harness_check(check.pk, engine, harness.executor))
     logger.info("harness check %s of harness %s queued by %s", check.pk, harness.pk, user)
     return check
 
@@ -74,11 +67,14 @@ def tokenizer_models() -> dict[str, Path]:
             if any((folder / file).is_file() for file in VOCABULARY_FILES)}
 
 
-def enqueue_harness_check(check_id: int, engine: str) -> None:
-    """A scripted check is short: the control worker's queue. One on vLLM needs the runs worker's accelerator."""
+def enqueue_harness_check(check_id: int, engine: str, executor: str = Executor.LOCAL) -> None:
+    """A scripted check of a local harness is short: the control worker's queue. One on vLLM needs the runs
+    worker's accelerator, and one of a kubernetes harness the runs worker's cluster access and the proxy address its
+    pods reach (the web and control processes have neither in a cluster deployment)."""
     from runs.check_tasks import run_harness_check
 
-    run_harness_check.apply_async(args=[check_id], queue="runs" if engine == CheckEngine.VLLM else "default")
+    on_runs_worker = engine == CheckEngine.VLLM or executor != Executor.LOCAL
+    run_harness_check.apply_async(args=[check_id], queue="runs" if on_runs_worker else "default")
 
 
 CHECK_LOST_AFTER_S = 900

@@ -23,7 +23,7 @@ from runs.executor import Attempt, LocalExecutor
 from runs.executors import ExecutorSetupError, for_harness
 from runs.executors import kubernetes as k8s
 from runs.harness_source import HarnessSource
-from runs.models import Harness, HarnessCheck, Rollout, Task
+from runs.models import Harness, Rollout, Task
 from tests.conformance.conftest import tiny_tokenizer_dir  # noqa: F401 (fixture)
 
 JOBS = kmock.resource("batch/v1/jobs")
@@ -462,18 +462,6 @@ async def test_a_harness_check_of_a_kubernetes_harness_runs_its_pod_against_the_
     assert len(result.calls) >= 2 and all(c.status_code == 200 for c in result.calls)
     assert result.reward["reward"] == 1.0
     assert result.outcome["files"] == {"notes.txt": "status: final\n"}
-
-
-@pytest.mark.django_db
-def test_the_api_queues_a_check_of_a_kubernetes_harness_when_the_cluster_is_usable(cluster, alice, alice_api,
-                                                                                  make_harness, settings,
-                                                                                  tiny_tokenizer_dir):  # noqa: F811
-    settings.LIGHTNING_MODELS_DIR = tiny_tokenizer_dir.parent
-    harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
-    response = alice_api.post(f"/api/v1/harnesses/{harness.pk}/checks/",
-                              {"task": {"prompt": "hi"}, "model": tiny_tokenizer_dir.name}, format="json")
-    assert response.status_code == 202, response.json()
-    assert HarnessCheck.objects.get(pk=response.json()["id"]).status == "queued"
 
 
 @pytest.mark.parametrize("host, advertise, message", [

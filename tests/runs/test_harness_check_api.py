@@ -106,26 +106,22 @@ def test_a_model_without_tokenizer_files_is_refused_naming_the_ones_that_have_th
     assert not HarnessCheck.objects.exists()
 
 
-def test_a_kubernetes_harness_where_no_cluster_is_configured_is_refused_with_the_fix(alice_api, alice, make_harness,
-                                                                                     settings, tmp_path):
+def test_a_check_of_a_kubernetes_harness_on_a_worker_with_no_cluster_fails_saying_what_to_set(
+        alice_api, alice, make_harness, settings, tmp_path, django_capture_on_commit_callbacks):
+    """The check is queued (the web process need not reach the cluster); the worker that takes it says why it cannot."""
+    from runs.check_tasks import run_harness_check
+
     settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "0.0.0.0", "http://10.0.0.5:{port}"
     settings.LIGHTNING_K8S_KUBECONFIG = str(tmp_path / "missing")
     harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
-    response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny"}, format="json")
-    assert response.status_code == 400
-    message = response.json()["error"]["message"]
-    assert message.startswith("harness 'agent' cannot be checked here: no Kubernetes cluster to run harness jobs on")
-    assert "LIGHTNING_K8S_KUBECONFIG" in message
-    assert not HarnessCheck.objects.exists()
-
-
-def test_a_kubernetes_harness_whose_pods_cannot_reach_the_proxy_is_refused(alice_api, alice, make_harness, settings):
-    settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "0.0.0.0", ""
-    harness = make_harness(alice, executor="kubernetes", image="ghcr.io/me/agent:1")
-    response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny"}, format="json")
-    assert response.status_code == 400
-    assert "set LIGHTNING_PROXY_ADVERTISE_URL" in response.json()["error"]["message"]
-    assert not HarnessCheck.objects.exists()
+    with django_capture_on_commit_callbacks(execute=False):
+        response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny"}, format="json")
+    assert response.status_code == 202
+    assert run_harness_check.apply(args=[response.json()["id"]]).get() == "failed"
+    body = alice_api.get(f"/api/v1/harness-checks/{response.json()['id']}/").json()
+    assert body["status"] == "failed" and body["report"] == {}
+    assert body["error"].startswith("the harness cannot run on this worker: no Kubernetes cluster to run harness jobs")
+    assert "LIGHTNING_K8S_KUBECONFIG" in body["error"]
 
 
 def test_another_users_harness_dataset_and_reward_script_are_not_reachable(alice_api, alice, bob_api, bob,
@@ -172,12 +168,15 @@ def test_it_requires_authentication(client, alice, make_harness):
     assert not HarnessCheck.objects.exists()
 
 
-@pytest.mark.parametrize("engine, queue", [("scripted", "default"), ("vllm", "runs")])
-def test_the_check_goes_to_the_queue_of_its_engine(alice_api, alice, make_harness, test_redis, engine, queue,
+@pytest.mark.parametrize("engine, executor, queue", [
+    ("scripted", "local", "default"), ("vllm", "local", "runs"), ("scripted", "kubernetes", "runs")])
+def test_the_check_goes_to_the_queue_of_its_engine(alice_api, alice, make_harness, test_redis, engine, executor, queue,
                                                    django_capture_on_commit_callbacks):
-    """Scripted checks are short (the control worker); one on vLLM needs the runs worker's accelerator."""
+    """Scripted checks of local harnesses are short (the control worker); one on vLLM needs the runs worker's
+    accelerator, one of a kubernetes harness the runs worker's cluster access and advertised proxy."""
+    harness = make_harness(alice, executor=executor, image="ghcr.io/me/agent:1" if executor == "kubernetes" else "")
     with django_capture_on_commit_callbacks(execute=True):
-        response = alice_api.post(checks_url(make_harness(alice)), {"task": TASK, "model": "tiny", "engine": engine},
+        response = alice_api.post(checks_url(harness), {"task": TASK, "model": "tiny", "engine": engine},
                                   format="json")
     assert response.status_code == 202 and response.json()["engine"] == engine
     message = json.loads(test_redis.lrange(queue, 0, -1)[0])
