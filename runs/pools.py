@@ -23,7 +23,7 @@ import redis
 from celery import current_app
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import Q
+from django.db.models import Count, Q
 
 from lightning_web import redis_urls
 from runs import events
@@ -60,6 +60,13 @@ def known_pools() -> list[str]:
         if name not in pools:
             pools.append(name)
     return pools
+
+
+def queued_per_pool() -> list[dict]:
+    """Every known pool (and any other a queued run names) with how many runs wait in it: [{"name", "queued"}]."""
+    counts = dict(Run.objects.filter(status=RunStatus.QUEUED).values_list("pool").annotate(n=Count("pk")))
+    names = known_pools() + sorted(set(counts) - set(known_pools()))
+    return [{"name": name, "queued": counts.get(name, 0)} for name in names]
 
 
 def check_pool(name: str) -> str:

@@ -13,7 +13,7 @@ from runs import pools, worker_status
 @require_GET
 def worker_list(request):
     return render(request, "runs/workers.html", {
-        "status": worker_status.inspect_workers(request.user), "pools": pools.known_pools(),
+        "status": worker_status.inspect_workers(request.user), "pools": pools.queued_per_pool(),
         "default_queue": pools.DEFAULT_QUEUE,
     })
 

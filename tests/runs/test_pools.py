@@ -88,6 +88,19 @@ def test_the_run_page_shows_the_wait_while_queued_and_not_once_started(alice, cl
 
 
 @pytest.mark.django_db
+def test_the_workers_page_counts_the_queued_runs_of_each_pool(alice, bob, client, make_pool_run, test_redis):
+    make_pool_run(alice, "one", "a"), make_pool_run(bob, "two", "a")
+    started = make_pool_run(alice, "three", "default")
+    services.claim_run(started.pk, "task")
+    client.force_login(alice)
+    page = client.get("/workers/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert '<code>default</code> <span class="pool-queued" data-pool="default">(0 queued)</span>' in html
+    assert '<code>a</code> <span class="pool-queued" data-pool="a">(2 queued)</span>' in html  # bob's run counts too
+
+
+@pytest.mark.django_db
 def test_a_clone_keeps_its_pool_or_takes_another(alice, alice_api, make_pool_run):
     run = make_pool_run(alice, "orig", "a")
     kept = alice_api.post(f"/api/v1/runs/{run.pk}/clone/", {}, format="json")
