@@ -75,9 +75,9 @@ def insert_calls(run_id: int, per_rollout: int) -> int:
         cursor.execute(
             "INSERT INTO runs_modelcall (rollout_id, seq, api, stream, request, response, prompt_ids, completion_ids,"
             " logprobs, finish_reason, status_code, latency_ms, policy_version, drift, sampling_overrides, error,"
-            " created_at) "
+            " retried, created_at) "
             "SELECT r.id, s.seq, 'chat', %s, b.request, b.response, b.prompt_ids, b.completion_ids, b.logprobs,"
-            " 'stop', 200, 300 + (r.id * 31 + s.seq) %% 900, r.policy_version, 'clean', '{}', '',"
+            " 'stop', 200, 300 + (r.id * 31 + s.seq) %% 900, r.policy_version, 'clean', '{}', '', false,"
             " r.finished_at "
             "FROM runs_rollout r CROSS JOIN bench_seqs s JOIN bench_bodies b ON b.i = (r.id * 7 + s.seq) %% %s "
             "WHERE r.run_id = %s AND s.seq < %s",
