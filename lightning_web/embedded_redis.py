@@ -105,7 +105,9 @@ def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
             if port and _ping(port, secret):
                 return _url(port, secret)
             if port and _ping(port, None) and "redis-server" in _pidfile_cmdline(state):
-                stop(data_dir)  # this data dir's server of an older version, without a password: replace it
+                # this data dir's server of an older version, without a password: replace it, once it is gone
+                # (a server exiting removes the pid file, which would otherwise take the new server's with it)
+                stop(data_dir, wait_s=wait_s)
         port = free_port()
         result = subprocess.run([_executable(), str(_config(state, port, secret))], capture_output=True, text=True)
         if result.returncode != 0:
@@ -137,7 +139,18 @@ WATCH_INTERVAL_S = 1.0
 
 def _watch(state: Path) -> None:
     """Start the watcher of the server whose pid file is in `state`, detached from this process."""
-    pid = (state / "redis.pid").read_text().strip()  # read here: the folder may be gone before the watcher runs
+    # Read here: the folder may be gone before the watcher runs. The server may answer a moment before it writes it.
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            pid = (state / "redis.pid").read_text().strip()
+            if pid:
+                break
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise EmbeddedRedisError(f"embedded redis wrote no pid file in {state}")
+        time.sleep(0.05)
     # Run as a file, not `-m lightning_web...`: the package's __init__ loads Celery and Django, which it needs not.
     subprocess.Popen([sys.executable, __file__, str(state), pid], cwd="/", stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -153,13 +166,19 @@ def watch(state: Path, pid: int, interval_s: float = WATCH_INTERVAL_S) -> None:
         time.sleep(interval_s)
 
 
-def stop(data_dir: Path) -> bool:
-    """SIGTERM the data dir's embedded Redis (a throwaway data dir's, after a benchmark); False if none ran."""
+def stop(data_dir: Path, wait_s: float = 0.0) -> bool:
+    """SIGTERM the data dir's embedded Redis (a throwaway data dir's, after a benchmark); False if none ran.
+
+    With wait_s, also wait (up to that long) for the server to exit."""
     pid_file = Path(data_dir) / "redis" / "redis.pid"
     try:
-        os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
     except (OSError, ValueError):  # no pid file, a garbled one, or the server is already gone
         return False
+    deadline = time.monotonic() + wait_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return True
 
 
