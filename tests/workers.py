@@ -50,6 +50,23 @@ class Workers:
         self.data_dir = tmp_path / "data"
         self.runs_dir = self.data_dir / "runs"
 
+    @classmethod
+    def for_real_run(cls, tmp: Path, model: str, harness: str) -> tuple["Workers", Path]:
+        """Workers for one real run of a module: a registry with the tiny model `model`, the engine compile cache
+        shared across sessions, and `harness` written to tmp/harness.py; returns (workers, registry)."""
+        from tests.conftest import ENGINE_CACHE_DIR
+        from trainer.models import build_tiny_model
+
+        registry = tmp / "registry"
+        build_tiny_model(registry / model, seed=0)
+        workers = cls(tmp)
+        workers.data_dir.mkdir()
+        ENGINE_CACHE_DIR.mkdir(exist_ok=True)
+        (workers.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)  # compile caches warm across sessions
+        workers.env.update(LIGHTNING_MODELS_DIR=str(registry))
+        (tmp / "harness.py").write_text(harness)
+        return workers, registry
+
     def engines(self) -> list[str]:
         """vLLM processes serving from this test's data dir (the run's folder or the engine cache in it)."""
         return pids_matching(str(self.data_dir), "vllm.entrypoints")

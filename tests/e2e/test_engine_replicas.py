@@ -32,7 +32,6 @@ from runs import services
 from runs.models import ModelCall, Rollout, Run, RunEvent
 from tests.conftest import ENGINE_CACHE_DIR
 from tests.workers import REAL_RUN_MARKS, Workers, wait_db
-from trainer.models import build_tiny_model
 
 pytestmark = REAL_RUN_MARKS
 
@@ -131,14 +130,7 @@ def _shown_retried(owner, calls: list[dict]) -> dict:
 def replica_run(django_db_setup, django_db_blocker, tmp_path_factory):
     """The run, once, with one replica killed in step 2; returns what the tests assert on."""
     tmp = tmp_path_factory.mktemp("engine-replicas")
-    registry = tmp / "registry"
-    build_tiny_model(registry / "tiny-replicas", seed=0)
-    workers = Workers(tmp)
-    workers.data_dir.mkdir()
-    ENGINE_CACHE_DIR.mkdir(exist_ok=True)
-    (workers.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)  # compile caches warm across sessions
-    workers.env.update(LIGHTNING_MODELS_DIR=str(registry))
-    (tmp / "harness.py").write_text(HARNESS)
+    workers, registry = Workers.for_real_run(tmp, "tiny-replicas", HARNESS)
     tasks = "\n".join(json.dumps({"id": f"t{i}", "question": f"count to {i}", "split": "train"}) for i in range(4))
     broker = redis.Redis.from_url(celery_app.conf.broker_url)
     broker.flushdb()

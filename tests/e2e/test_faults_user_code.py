@@ -37,7 +37,6 @@ from runs import services
 from runs.models import ModelCall, Rollout, Run
 from tests.conftest import ENGINE_CACHE_DIR
 from tests.workers import REAL_RUN_MARKS, Workers, wait_db
-from trainer.models import build_tiny_model
 
 pytestmark = REAL_RUN_MARKS
 
@@ -202,14 +201,7 @@ def _snapshot(run: Run, workers: Workers, client: Client, killed: dict, worker_p
 def fault_run(django_db_setup, django_db_blocker, tmp_path_factory):
     """The run, once, with its faults; returns the snapshot of its rows, pages and processes."""
     tmp = tmp_path_factory.mktemp("faults-user-code")
-    registry = tmp / "registry"
-    build_tiny_model(registry / "tiny-faults", seed=0)
-    workers = Workers(tmp)
-    workers.data_dir.mkdir()
-    ENGINE_CACHE_DIR.mkdir(exist_ok=True)
-    (workers.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)  # compile caches warm across sessions
-    workers.env.update(LIGHTNING_MODELS_DIR=str(registry))
-    (tmp / "harness.py").write_text(HARNESS)
+    workers, registry = Workers.for_real_run(tmp, "tiny-faults", HARNESS)
     broker = redis.Redis.from_url(celery_app.conf.broker_url)
     broker.flushdb()
     with django_db_blocker.unblock(), override_settings(LIGHTNING_MODELS_DIR=registry,
