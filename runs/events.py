@@ -49,28 +49,37 @@ def publish(event: dict[str, Any], owner_id: int | None = None) -> None:
 
     A lost message is fine (clients replay from RunEvent or backfill), so log and go on.
     """
+    publish_many([event], owner_id)
+
+
+def publish_many(batch: list[dict[str, Any]], owner_id: int | None = None) -> None:
+    """publish() each event of `batch`, in order, from one trip into the channel layer's event loop."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not batch:
         return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        _send(layer, event, owner_id)
+        _send(layer, batch, owner_id)
     else:  # sync code running on an event loop's thread: async_to_sync refuses there, so send from a helper
-        sender = threading.Thread(target=_send, args=(layer, event, owner_id), name="publish-event")
+        sender = threading.Thread(target=_send, args=(layer, batch, owner_id), name="publish-event")
         sender.start()
         sender.join()
 
 
-def _send(layer, event: dict[str, Any], owner_id: int | None = None) -> None:
-    groups = [run_group(event["run"])]
-    if owner_id is not None and event["kind"] in FEED_KINDS:
-        groups += [owner_feed(owner_id), STAFF_FEED]
-    try:
-        async def send_all():
-            for group in groups:
-                await layer.group_send(group, event)
+def _send(layer, batch: list[dict[str, Any]], owner_id: int | None = None) -> None:
+    async def send_all():
+        for event in batch:
+            groups = [run_group(event["run"])]
+            if owner_id is not None and event["kind"] in FEED_KINDS:
+                groups += [owner_feed(owner_id), STAFF_FEED]
+            try:
+                for group in groups:
+                    await layer.group_send(group, event)
+            except Exception:
+                logger.warning("could not publish event seq=%s of run %s", event["seq"], event["run"], exc_info=True)
 
+    try:
         async_to_sync(send_all)()
     except Exception:
-        logger.warning("could not publish event seq=%s of run %s", event["seq"], event["run"], exc_info=True)
+        logger.warning("could not publish %d events of run %s", len(batch), batch[0]["run"], exc_info=True)

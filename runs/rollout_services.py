@@ -9,7 +9,7 @@ import logging
 import secrets
 
 from django.db import DataError, transaction
-from django.db.models import F, Max
+from django.db.models import Case, F, Max, PositiveIntegerField, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -68,14 +68,21 @@ def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:
         by_rollout: dict[int, list[ModelCall]] = {}
         for row in rows:
             by_rollout.setdefault(row.rollout_id, []).append(row)
+        if not by_rollout:
+            return
+        # One UPDATE for all the batch's rollouts, then one counter update and one insert of events per run.
+        Rollout.objects.filter(pk__in=by_rollout).update(call_count=Greatest(F("call_count"), Case(
+            *[When(pk=rollout_id, then=Value(max(r.seq for r in group) + 1)) for rollout_id, group in by_rollout.items()],
+            default=F("call_count"), output_field=PositiveIntegerField())))
+        by_run: dict[int, list[tuple[str, dict]]] = {}
         for rollout_id, group in sorted(by_rollout.items()):
-            next_seq = max(r.seq for r in group) + 1
-            Rollout.objects.filter(pk=rollout_id).update(call_count=Greatest(F("call_count"), next_seq))
-            services.emit_event(rollout_runs[rollout_id], events.CALL_RECORDED, {
+            by_run.setdefault(rollout_runs[rollout_id], []).append((events.CALL_RECORDED, {
                 "rollout": rollout_id,
                 "calls": [{"seq": r.seq, "api": r.api, "status": r.status_code, "latency_ms": round(r.latency_ms, 1),
                            "completion_tokens": len(r.completion_ids)} for r in sorted(group, key=lambda r: r.seq)],
-            })
+            }))
+        for run_id, items in sorted(by_run.items()):
+            services.emit_events(run_id, items)
 
 
 def _strip_nul(value):

@@ -94,13 +94,23 @@ def emit_event(run_id: int, kind: str, payload: dict[str, Any]) -> RunEvent:
 
     The counter update locks the run row until commit, so seqs are gapless and commit in order.
     """
-    with transaction.atomic():
-        Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + 1)
-        seq, owner_id = Run.objects.filter(pk=run_id).values_list("event_seq", "owner_id").get()
-        row = RunEvent.objects.create(run_id=run_id, seq=seq, kind=kind, payload=payload)
-        event = events.from_row(row)
-        transaction.on_commit(lambda: events.publish(event, owner_id))
-    return row
+    return emit_events(run_id, [(kind, payload)])[0]
+
+
+def emit_events(run_id: int, items: list[tuple[str, dict[str, Any]]]) -> list[RunEvent]:
+    """Write the run's next len(items) RunEvents, in order, with one counter update and one insert; publish them
+    after commit in one go (the recorder's batches: one `call.recorded` event per rollout)."""
+    if not items:
+        return []
+    with transaction.atomic(savepoint=False):  # inside a caller's transaction: all or nothing with it
+        Run.objects.filter(pk=run_id).update(event_seq=F("event_seq") + len(items))
+        last, owner_id = Run.objects.filter(pk=run_id).values_list("event_seq", "owner_id").get()
+        first = last - len(items) + 1
+        rows = RunEvent.objects.bulk_create([RunEvent(run_id=run_id, seq=first + i, kind=kind, payload=payload)
+                                             for i, (kind, payload) in enumerate(items)])
+        built = [events.from_row(row) for row in rows]
+        transaction.on_commit(lambda: events.publish_many(built, owner_id))
+    return rows
 
 
 # ---------------------------------------------------------------- harnesses and reward scripts

@@ -198,3 +198,38 @@ def _call(rollout_id, seq, status=200, error=None, text="ok", api="chat", respon
                         completion_ids=[3] if not error else [], logprobs=[-0.5] if not error else [],
                         finish_reason="stop" if not error else None, status_code=status, latency_ms=3.0,
                         policy_version=1, error=error, stream=False, started_at=0.0)
+
+
+def test_a_batch_over_two_runs_writes_one_event_per_rollout_in_gapless_order(alice, make_run,
+                                                                            django_assert_max_num_queries):
+    """The recorder's batch: one UPDATE for all rollouts' call counts, one counter update and one insert of events
+    per run, whatever the number of rollouts (the load run's batches held up to 64)."""
+    runs = [make_run(alice, name=f"run{i}") for i in range(2)]
+    made = {run.pk: [rollout_services.create_rollout(run, task=None, split="train", step=0, group=0, attempt=a)[0]
+                     for a in range(3)] for run in runs}
+    first, second = runs
+    services.emit_event(first.pk, "run.log", {"line": "before"})  # the counter does not start at 0
+    before = {run.pk: RunEvent.objects.filter(run=run).count() for run in runs}
+    a, b, c = made[first.pk]
+    d, e, _ = made[second.pk]
+    batch = [_call(a.pk, 0), _call(a.pk, 1), _call(b.pk, 0), _call(d.pk, 0), _call(c.pk, 2), _call(e.pk, 0),
+             _call(e.pk, 1), _call(e.pk, 2)]
+    with django_assert_max_num_queries(5 + 2 * 3):  # lookup, BEGIN, calls, counts, COMMIT; 3 for each run
+        rollout_services.record_calls(batch)
+    assert ModelCall.objects.count() == len(batch)
+    counts = dict(Rollout.objects.filter(run__in=runs).values_list("pk", "call_count"))
+    assert counts == {a.pk: 2, b.pk: 1, c.pk: 3, d.pk: 1, e.pk: 3, made[second.pk][2].pk: 0}
+    for run in runs:
+        rows = list(RunEvent.objects.filter(run=run).order_by("seq"))
+        assert [r.seq for r in rows] == list(range(1, len(rows) + 1))
+        run.refresh_from_db()
+        assert run.event_seq == len(rows)
+        recorded = [r.payload for r in rows[before[run.pk]:]]
+        assert all(r.kind == "call.recorded" for r in rows[before[run.pk]:])
+        expected = {first.pk: {a.pk: [0, 1], b.pk: [0], c.pk: [2]}, second.pk: {d.pk: [0], e.pk: [0, 1, 2]}}[run.pk]
+        assert {p["rollout"]: [call["seq"] for call in p["calls"]] for p in recorded} == expected
+        assert [p["rollout"] for p in recorded] == sorted(expected)
+    # A retried batch stores nothing twice and never lowers a count.
+    rollout_services.record_calls([_call(a.pk, 0)])
+    assert ModelCall.objects.count() == len(batch)
+    assert Rollout.objects.get(pk=a.pk).call_count == 2
