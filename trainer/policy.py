@@ -8,7 +8,7 @@ import os
 import random
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
 from trainer.algorithms import Metrics, loss_weights, policy_loss
@@ -345,8 +346,9 @@ class Policy:
         path.mkdir(parents=True, exist_ok=True)
         stepped = bool(self.optimizer.state)  # no state before the first optimizer step: nothing to save
         if stepped:
-            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                     checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
+            with _checkpoint_errors():
+                dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                         checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
         if self.rank == 0:
             self.model.save_pretrained(path, safe_serialization=True)
             (path / TRAINER_CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
@@ -366,7 +368,8 @@ class Policy:
             self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
         elif (path / OPTIMIZER_DIR / ".metadata").exists():
             optimizer = get_optimizer_state_dict(self.model, self.optimizer)
-            dcp.load({"optimizer": optimizer}, checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
+            with _checkpoint_errors():
+                dcp.load({"optimizer": optimizer}, checkpoint_id=path / OPTIMIZER_DIR, no_dist=self.world_size == 1)
             set_optimizer_state_dict(self.model, self.optimizer, optimizer)
         else:  # saved before the first optimizer step (nothing trained yet)
             self.optimizer.state.clear()
@@ -376,6 +379,21 @@ class Policy:
         if self.reference is not None and (path / REFERENCE_FILE).exists():
             _load_weights(self.reference, load_file(path / REFERENCE_FILE))
         self.step = json.loads((path / STATE_FILE).read_text())["step"]
+
+
+@contextmanager
+def _checkpoint_errors():
+    """torch.distributed.checkpoint wraps a rank's error in CheckpointException, a BaseException: it would pass
+    every `except Exception` up to the Celery worker and take the worker down (a full disk did). Raise the rank's
+    own error instead (OSError 28 for a full disk), or a RuntimeError with the message."""
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = [failure[0] if isinstance(failure, tuple) else failure for failure in exc.failures.values()]
+        first = next((f for f in failures if isinstance(f, Exception)), None)
+        if first is not None:
+            raise first from None
+        raise RuntimeError(f"checkpoint failed: {exc}") from None
 
 
 def read_checkpoint_config(path: str | os.PathLike) -> TrainerConfig:

@@ -148,6 +148,23 @@ def test_it_resumes_exactly_from_a_checkpoint(tmp_path, random_samples, kl_coef)
     assert (tmp_path / "ckpt" / "model.safetensors").exists()
 
 
+def test_a_full_disk_while_saving_the_optimizer_raises_the_os_error_itself(tmp_path, random_samples):
+    """torch.distributed.checkpoint wraps write errors in CheckpointException, a BaseException that no
+    `except Exception` catches: it took a Celery worker down when the data disk filled. The OSError comes out."""
+    import errno
+
+    from trainer.policy import OPTIMIZER_DIR
+
+    policy = Policy(tiny_qwen2(seed=1), TrainerConfig(learning_rate=1e-2))
+    policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
+    (tmp_path / "ckpt" / OPTIMIZER_DIR).mkdir(parents=True)
+    (tmp_path / "ckpt" / OPTIMIZER_DIR / "__0_0.distcp").symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(OSError) as raised:
+        policy.save_checkpoint(tmp_path / "ckpt")
+    assert raised.value.errno == errno.ENOSPC and "No space left on device" in str(raised.value)
+    assert not (tmp_path / "ckpt" / "trainer_state.json").exists()  # no checkpoint claims to be whole
+
+
 def test_it_trains_under_bfloat16_autocast_close_to_float32(random_samples):
     logps = []
     for dtype in ("float32", "bfloat16"):
