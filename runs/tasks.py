@@ -42,8 +42,10 @@ def _execute_run(run_id: int, task_id: str, worker: dict) -> str:
         except orchestrator.RunSetupError as exc:
             logger.warning("run %s cannot start: %s", run_id, exc)
             return _fail(run_id, generation, str(exc))
-        except Exception as exc:
-            logger.exception("run %s crashed", run_id)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):  # the worker's own shutdown: the sweep resumes the run
+            raise
+        except BaseException as exc:  # also a library's BaseException (torch's CheckpointException was one), which
+            logger.exception("run %s crashed", run_id)  # would otherwise take the whole Celery worker down
             return _fail(run_id, generation, crash_reason(exc, Path(settings.LIGHTNING_RUNS_DIR)))
 
 

@@ -80,3 +80,29 @@ def test_a_kubernetes_harness_pods_cannot_reach_is_refused_with_the_fix(alice, m
     assert run.error.startswith("a kubernetes harness cannot reach the proxy listening on 127.0.0.1: set "
                                 "LIGHTNING_PROXY_HOST=0.0.0.0 and LIGHTNING_PROXY_ADVERTISE_URL")
     assert Harness.objects.get(pk=harness.pk).executor == "kubernetes"
+
+
+def test_a_library_base_exception_fails_the_run_and_the_worker_serves_the_next(alice, make_run, test_redis, worker,
+                                                                                monkeypatch):
+    """torch.distributed.checkpoint's CheckpointException is a BaseException: escaping the task, it crashed the
+    Celery worker ("cannot unpack non-iterable ExceptionInfo object") and left the run running for good."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from runs import orchestrator
+
+    def execute(run_id, generation):
+        if Run.objects.get(pk=run_id).name == "breaks":
+            raise CheckpointException("write", {0: (OSError(errno.ENOSPC, "No space left on device"), [])})
+        return orchestrator_execute(run_id, generation)
+
+    orchestrator_execute = orchestrator.execute
+    monkeypatch.setattr(orchestrator, "execute", execute)
+    broken = wait_for(make_run(alice, name="breaks").pk, {"failed"})
+    assert broken.error.startswith("CheckpointException") and "No space left on device" in broken.error
+    statuses = [s for s in broken.events.filter(kind="run.status").values_list("payload__status", flat=True)]
+    assert broken.finished_at and statuses[0] == "queued" and statuses[-1] == "failed"
+    # The same worker takes the next run.
+    after = wait_for(make_run(alice, name="after").pk, {"failed"})
+    assert "holds no *.safetensors weights" in after.error
