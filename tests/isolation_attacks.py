@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -32,6 +33,13 @@ from runs.sandbox import Limits, ScoreResult, score
 REWARD_LIMITS = Limits(timeout_s=4, memory_mb=256, output_bytes=8192)
 HARNESS_TIMEOUT_S = 4.0
 HARNESS_DISK_MB = 32
+
+
+def tmp_mount_points() -> list[str]:
+    """What the sandbox's private /tmp lists before user code writes there: nothing, unless the app's venv lies
+    under the host's /tmp (a checkout in /tmp): its read-only bind then needs a mount point, an empty folder."""
+    prefix = Path(sys.prefix).resolve()
+    return [prefix.relative_to("/tmp").parts[0]] if prefix.is_relative_to("/tmp") else []
 
 
 @dataclass(frozen=True)

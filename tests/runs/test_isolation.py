@@ -14,6 +14,7 @@ from runs.executor import LocalExecutor
 from runs.sandbox import score
 from tests.isolation_attacks import ATTACKS, REWARD_LIMITS, harness_attempt, run_harness, run_reward, still_works
 from tests.isolation_attacks import targets as make_targets
+from tests.isolation_attacks import tmp_mount_points
 
 pytestmark = pytest.mark.skipif(not isolation.probe(isolation.bwrap_path() or "bwrap")[0],
                                 reason="bubblewrap cannot run on this machine (test_isolation_refusal.py covers that)")
@@ -65,7 +66,7 @@ def test_a_reward_script_sees_python_and_a_private_tmp_only(targets):
     result = score(source, {"data": str(django_settings.DATA_DIR), "base": str(django_settings.BASE_DIR)}, {},
                    REWARD_LIMITS)
     assert result.ok and os.path.realpath(result.detail["prefix"]) == os.path.realpath(sys.prefix)
-    assert result.detail["cwd"] == "/tmp" and result.detail["tmp"] == []
+    assert result.detail["cwd"] == "/tmp" and result.detail["tmp"] == tmp_mount_points()
     assert result.detail["data"] in (False, [])  # gone, or an empty tmpfs
     # The source tree is hidden; only the venv comes back (read-only) when it lies inside it. The runner is seen in
     # the sandbox's private /run, not at its path.

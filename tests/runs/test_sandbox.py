@@ -4,6 +4,7 @@ import os
 import pytest
 
 from runs.sandbox import Limits, score
+from tests.isolation_attacks import tmp_mount_points
 
 FAST = Limits(timeout_s=2, memory_mb=256, output_bytes=4096)
 
@@ -91,7 +92,8 @@ def test_it_runs_in_a_throwaway_directory():
     source = ("import os\ndef reward(task, outcome):\n    open('f-7c1.txt', 'w').write('x')\n"
               "    return {'reward': 1, 'cwd': os.getcwd(), 'files': os.listdir('.')}\n")
     result = score(source, {}, {}, FAST)
-    assert result.ok and result.detail["cwd"] == "/tmp" and result.detail["files"] == ["f-7c1.txt"]
+    assert result.ok and result.detail["cwd"] == "/tmp"
+    assert sorted(result.detail["files"]) == sorted(["f-7c1.txt", *tmp_mount_points()])
     assert not os.path.exists("/tmp/f-7c1.txt")
 
 
