@@ -1,4 +1,5 @@
 """Real Celery worker subprocesses on the tests' database and broker, as `manage.py up` starts them."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,3 +114,30 @@ def workers(tmp_path, test_redis, settings, models_dir):
     settings.LIGHTNING_RUNS_DIR = pool.runs_dir
     yield pool
     pool.stop()
+
+
+@contextlib.contextmanager
+def real_run(tmp: Path, model: str, harness: str, django_db_blocker):
+    """Workers.for_real_run for a module-scoped fixture: the database unblocked, the settings on the workers'
+    registry, runs folder and engine cache, and the tests' broker empty; on exit the workers are stopped and the
+    broker and database emptied again. Yields the workers."""
+    import redis
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from lightning_web.celery import app as celery_app
+    from tests.conftest import ENGINE_CACHE_DIR
+
+    workers, registry = Workers.for_real_run(tmp, model, harness)
+    broker = redis.Redis.from_url(celery_app.conf.broker_url)
+    broker.flushdb()
+    with django_db_blocker.unblock(), override_settings(LIGHTNING_MODELS_DIR=registry,
+                                                        LIGHTNING_RUNS_DIR=workers.runs_dir,
+                                                        LIGHTNING_ENGINE_CACHE_DIR=ENGINE_CACHE_DIR):
+        try:
+            yield workers
+        finally:
+            workers.stop()
+            broker.flushdb()
+            broker.close()
+            call_command("flush", interactive=False, verbosity=0)  # the tests' database as the run found it

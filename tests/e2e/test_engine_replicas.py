@@ -21,17 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
-from django.test import override_settings
 
 from common.procs import all_stats, cmdline, pids_matching
-from lightning_web.celery import app as celery_app
 from runs import services
 from runs.models import ModelCall, Rollout, Run, RunEvent
-from tests.conftest import ENGINE_CACHE_DIR
-from tests.workers import REAL_RUN_MARKS, Workers, wait_db
+from tests.workers import REAL_RUN_MARKS, Workers, real_run, wait_db
 
 pytestmark = REAL_RUN_MARKS
 
@@ -130,62 +125,51 @@ def _shown_retried(owner, calls: list[dict]) -> dict:
 def replica_run(django_db_setup, django_db_blocker, tmp_path_factory):
     """The run, once, with one replica killed in step 2; returns what the tests assert on."""
     tmp = tmp_path_factory.mktemp("engine-replicas")
-    workers, registry = Workers.for_real_run(tmp, "tiny-replicas", HARNESS)
     tasks = "\n".join(json.dumps({"id": f"t{i}", "question": f"count to {i}", "split": "train"}) for i in range(4))
-    broker = redis.Redis.from_url(celery_app.conf.broker_url)
-    broker.flushdb()
-    with django_db_blocker.unblock(), override_settings(LIGHTNING_MODELS_DIR=registry,
-                                                        LIGHTNING_RUNS_DIR=workers.runs_dir,
-                                                        LIGHTNING_ENGINE_CACHE_DIR=ENGINE_CACHE_DIR):
-        try:
-            owner = get_user_model().objects.create_user("replica-owner", password="pw-replicas-1")
-            harness = services.create_harness(owner, name="long-calls", timeout_s=120, command=[
-                "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
-            dataset = services.create_dataset(owner, name="counting", content=tasks.encode(), filename="t.jsonl")
-            reward = services.create_reward_script(owner, name="random", source=REWARD)
-            run = services.create_run(owner, name="replicas", model="tiny-replicas", harness=harness,
-                                      dataset=dataset, reward_script=reward, config=CONFIG)
-            started = time.monotonic()
-            worker = workers.start("replicas", "runs")
+    with real_run(tmp, "tiny-replicas", HARNESS, django_db_blocker) as workers:
+        owner = get_user_model().objects.create_user("replica-owner", password="pw-replicas-1")
+        harness = services.create_harness(owner, name="long-calls", timeout_s=120, command=[
+            "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
+        dataset = services.create_dataset(owner, name="counting", content=tasks.encode(), filename="t.jsonl")
+        reward = services.create_reward_script(owner, name="random", source=REWARD)
+        run = services.create_run(owner, name="replicas", model="tiny-replicas", harness=harness,
+                                  dataset=dataset, reward_script=reward, config=CONFIG)
+        started = time.monotonic()
+        worker = workers.start("replicas", "runs")
 
-            def mid_step_2() -> bool:  # step 1 trained and synced, step 2's harnesses making their calls
-                current = Run.objects.get(pk=run.pk)
-                if current.status in services.FINISHED:
-                    raise AssertionError(f"the run ended before the kill: {current.status} {current.error}"
-                                         f"\n{workers.tails()}")
-                return current.policy_version >= 1 and any(
-                    (workers.runs_dir / f"run-{run.pk}" / "rollouts" / str(pk) / "calling").exists()
-                    for pk in Rollout.objects.filter(run=run, step=1, status="running").values_list("pk", flat=True))
+        def mid_step_2() -> bool:  # step 1 trained and synced, step 2's harnesses making their calls
+            current = Run.objects.get(pk=run.pk)
+            if current.status in services.FINISHED:
+                raise AssertionError(f"the run ended before the kill: {current.status} {current.error}"
+                                     f"\n{workers.tails()}")
+            return current.policy_version >= 1 and any(
+                (workers.runs_dir / f"run-{run.pk}" / "rollouts" / str(pk) / "calling").exists()
+                for pk in Rollout.objects.filter(run=run, step=1, status="running").values_list("pk", flat=True))
 
-            wait_db(mid_step_2, "step 2's calls", workers, timeout=400)
-            killed = _kill_a_replica_mid_call(workers, worker.pid)
-            wait_db(lambda: Run.objects.get(pk=run.pk).status in services.FINISHED, "the end of the run", workers,
-                    timeout=300)
-            wait_db(lambda: _replicas(worker.pid) == {}, "the engines to go", workers, timeout=60)
-            wait_db(lambda: _trainer_ranks(worker.pid) == [], "the trainer ranks to go", workers, timeout=60)
-            run.refresh_from_db()
-            snapshot = {
-                "run": {"status": run.status, "error": run.error, "step": run.step,
-                        "policy_version": run.policy_version},
-                "calls": list(ModelCall.objects.filter(rollout__run=run).order_by("rollout_id", "seq").values(
-                    "rollout_id", "rollout__step", "seq", "status_code", "replica", "retried", "error",
-                    "completion_ids")),
-                "rollouts": list(Rollout.objects.filter(run=run).values("pk", "step", "status", "error")),
-                "answers": {p.parent.name: [json.loads(line)["status"] for line in p.read_text().splitlines()]
-                            for p in Path(workers.runs_dir).glob(f"run-{run.pk}/rollouts/*/answers.jsonl")},
-                "log": [e.payload.get("line", "") for e in RunEvent.objects.filter(run=run, kind="run.log")],
-                "killed": killed, "seconds": time.monotonic() - started, "tails": workers.tails(),
-                "engine_logs": sorted(p.name for p in (workers.runs_dir / f"run-{run.pk}" / "engine").glob("*.log")),
-            }
-            snapshot["shown"] = _shown_retried(owner, snapshot["calls"])
-            print(f"\nrun {snapshot['run']} in {snapshot['seconds']:.0f} s; killed {killed}")
-            for call in snapshot["calls"]:
-                print({k: v for k, v in call.items() if k != "completion_ids"})
-        finally:
-            workers.stop()
-            broker.flushdb()
-            broker.close()
-            call_command("flush", interactive=False, verbosity=0)
+        wait_db(mid_step_2, "step 2's calls", workers, timeout=400)
+        killed = _kill_a_replica_mid_call(workers, worker.pid)
+        wait_db(lambda: Run.objects.get(pk=run.pk).status in services.FINISHED, "the end of the run", workers,
+                timeout=300)
+        wait_db(lambda: _replicas(worker.pid) == {}, "the engines to go", workers, timeout=60)
+        wait_db(lambda: _trainer_ranks(worker.pid) == [], "the trainer ranks to go", workers, timeout=60)
+        run.refresh_from_db()
+        snapshot = {
+            "run": {"status": run.status, "error": run.error, "step": run.step,
+                    "policy_version": run.policy_version},
+            "calls": list(ModelCall.objects.filter(rollout__run=run).order_by("rollout_id", "seq").values(
+                "rollout_id", "rollout__step", "seq", "status_code", "replica", "retried", "error",
+                "completion_ids")),
+            "rollouts": list(Rollout.objects.filter(run=run).values("pk", "step", "status", "error")),
+            "answers": {p.parent.name: [json.loads(line)["status"] for line in p.read_text().splitlines()]
+                        for p in Path(workers.runs_dir).glob(f"run-{run.pk}/rollouts/*/answers.jsonl")},
+            "log": [e.payload.get("line", "") for e in RunEvent.objects.filter(run=run, kind="run.log")],
+            "killed": killed, "seconds": time.monotonic() - started, "tails": workers.tails(),
+            "engine_logs": sorted(p.name for p in (workers.runs_dir / f"run-{run.pk}" / "engine").glob("*.log")),
+        }
+        snapshot["shown"] = _shown_retried(owner, snapshot["calls"])
+        print(f"\nrun {snapshot['run']} in {snapshot['seconds']:.0f} s; killed {killed}")
+        for call in snapshot["calls"]:
+            print({k: v for k, v in call.items() if k != "completion_ids"})
     return snapshot
 
 

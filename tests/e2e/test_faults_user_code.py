@@ -26,17 +26,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
-from django.test import Client, override_settings
+from django.test import Client
 
 from common.procs import all_stats, cmdline, pids_matching
-from lightning_web.celery import app as celery_app
 from runs import services
 from runs.models import ModelCall, Rollout, Run
-from tests.conftest import ENGINE_CACHE_DIR
-from tests.workers import REAL_RUN_MARKS, Workers, wait_db
+from tests.workers import REAL_RUN_MARKS, Workers, real_run, wait_db
 
 pytestmark = REAL_RUN_MARKS
 
@@ -201,52 +197,41 @@ def _snapshot(run: Run, workers: Workers, client: Client, killed: dict, worker_p
 def fault_run(django_db_setup, django_db_blocker, tmp_path_factory):
     """The run, once, with its faults; returns the snapshot of its rows, pages and processes."""
     tmp = tmp_path_factory.mktemp("faults-user-code")
-    workers, registry = Workers.for_real_run(tmp, "tiny-faults", HARNESS)
-    broker = redis.Redis.from_url(celery_app.conf.broker_url)
-    broker.flushdb()
-    with django_db_blocker.unblock(), override_settings(LIGHTNING_MODELS_DIR=registry,
-                                                        LIGHTNING_RUNS_DIR=workers.runs_dir,
-                                                        LIGHTNING_ENGINE_CACHE_DIR=ENGINE_CACHE_DIR):
-        try:
-            owner = get_user_model().objects.create_user("fault-owner", password="pw-faults-1")
-            harness = services.create_harness(owner, name="faulty", timeout_s=HARNESS_TIMEOUT_S, command=[
-                "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
-            dataset = services.create_dataset(owner, name="faults", content=_tasks(), filename="faults.jsonl")
-            reward = services.create_reward_script(owner, name="faulty", source=REWARD, timeout_s=REWARD_TIMEOUT_S)
-            run = services.create_run(owner, name="faults", model="tiny-faults", harness=harness, dataset=dataset,
-                                      reward_script=reward, config=CONFIG)
-            worker = workers.start("faults", "runs")
+    with real_run(tmp, "tiny-faults", HARNESS, django_db_blocker) as workers:
+        owner = get_user_model().objects.create_user("fault-owner", password="pw-faults-1")
+        harness = services.create_harness(owner, name="faulty", timeout_s=HARNESS_TIMEOUT_S, command=[
+            "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
+        dataset = services.create_dataset(owner, name="faults", content=_tasks(), filename="faults.jsonl")
+        reward = services.create_reward_script(owner, name="faulty", source=REWARD, timeout_s=REWARD_TIMEOUT_S)
+        run = services.create_run(owner, name="faults", model="tiny-faults", harness=harness, dataset=dataset,
+                                  reward_script=reward, config=CONFIG)
+        worker = workers.start("faults", "runs")
 
-            def mid_step_2():  # step 1 trained and checkpointed, step 2's harnesses making their calls
-                current = Run.objects.get(pk=run.pk)
-                if current.status in services.FINISHED:
-                    raise AssertionError(f"the run ended before the engine kill: {current.status} {current.error}"
-                                         f"\n{workers.tails()}")
-                return current.checkpoint_path.endswith("step-000001") and any(
-                    (workers.runs_dir / f"run-{run.pk}" / "rollouts" / str(pk) / "calling").exists()
-                    for pk in Rollout.objects.filter(run=run, split="train", step=1, status="running")
-                    .values_list("pk", flat=True))
+        def mid_step_2():  # step 1 trained and checkpointed, step 2's harnesses making their calls
+            current = Run.objects.get(pk=run.pk)
+            if current.status in services.FINISHED:
+                raise AssertionError(f"the run ended before the engine kill: {current.status} {current.error}"
+                                     f"\n{workers.tails()}")
+            return current.checkpoint_path.endswith("step-000001") and any(
+                (workers.runs_dir / f"run-{run.pk}" / "rollouts" / str(pk) / "calling").exists()
+                for pk in Rollout.objects.filter(run=run, split="train", step=1, status="running")
+                .values_list("pk", flat=True))
 
-            wait_db(mid_step_2, "step 2's calls", workers, timeout=900)
-            killed = _kill_engine_mid_call(workers, worker.pid)
-            wait_db(lambda: Run.objects.get(pk=run.pk).status in services.FINISHED, "the end of the run", workers,
-                    timeout=300)
-            # The worker closes the run's harnesses and engine on its way out of the run.
-            wait_db(lambda: not pids_matching(str(workers.runs_dir)) and _engine_processes(worker.pid) == ([], []),
-                    "the run's processes to go", workers, timeout=60)
-            client = Client()
-            client.force_login(owner)
-            snapshot = _snapshot(run, workers, client, killed, worker.pid)
-            print(f"\nrun {snapshot['run']['status']}: {snapshot['run']['error'].splitlines()[0]}\nkilled {killed}")
-            for pk, r in snapshot["rollouts"].items():
-                print(f"rollout {pk} {r['split']} step {r['step']} {r['fault']}: {r['status']} "
-                      f"{r['failure_kind'] or '-'} calls {[c['status_code'] for c in r['calls']]} "
-                      f"answers {r['answers']} {r['error'].splitlines()[0] if r['error'] else ''}")
-        finally:
-            workers.stop()
-            broker.flushdb()
-            broker.close()
-            call_command("flush", interactive=False, verbosity=0)  # the tests' database as the run found it
+        wait_db(mid_step_2, "step 2's calls", workers, timeout=900)
+        killed = _kill_engine_mid_call(workers, worker.pid)
+        wait_db(lambda: Run.objects.get(pk=run.pk).status in services.FINISHED, "the end of the run", workers,
+                timeout=300)
+        # The worker closes the run's harnesses and engine on its way out of the run.
+        wait_db(lambda: not pids_matching(str(workers.runs_dir)) and _engine_processes(worker.pid) == ([], []),
+                "the run's processes to go", workers, timeout=60)
+        client = Client()
+        client.force_login(owner)
+        snapshot = _snapshot(run, workers, client, killed, worker.pid)
+        print(f"\nrun {snapshot['run']['status']}: {snapshot['run']['error'].splitlines()[0]}\nkilled {killed}")
+        for pk, r in snapshot["rollouts"].items():
+            print(f"rollout {pk} {r['split']} step {r['step']} {r['fault']}: {r['status']} "
+                  f"{r['failure_kind'] or '-'} calls {[c['status_code'] for c in r['calls']]} "
+                  f"answers {r['answers']} {r['error'].splitlines()[0] if r['error'] else ''}")
     return snapshot
 
 
