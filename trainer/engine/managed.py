@@ -72,15 +72,7 @@ async def serving_engine(config: EngineConfig, work_dir: str | Path, start_timeo
         engine = _engine_for(server, weights, pause_mode)
         yield engine
     finally:
-        if relay:
-            relay.cancel()
-        if engine is not None:
-            engine.close()
-        # A cancelled start is still running on its thread: abort makes it give up within a second.
-        await asyncio.to_thread(server.abort)
-        await asyncio.wait([starting], timeout=30)
-        if starting.done() and not starting.cancelled():
-            starting.exception()  # seen: an aborted start's EngineError is expected here
+        await _shut_down(relay, engine, [server], [starting])
 
 
 @asynccontextmanager
@@ -123,16 +115,23 @@ async def serving_replicas(config: EngineConfig, work_dir: str | Path, replicas:
         engine = ReplicatedEngine([_engine_for(server, weights, pause_mode) for server in servers])
         yield engine
     finally:
-        if relay:
-            relay.cancel()
-        if engine is not None:
-            engine.close()
-        await asyncio.gather(*(asyncio.to_thread(server.abort) for server in servers))
-        if starts:
-            await asyncio.wait(starts, timeout=30)
-        for start in starts:
-            if start.done() and not start.cancelled():
-                start.exception()  # seen: an aborted start's EngineError is expected here
+        await _shut_down(relay, engine, servers, starts)
+
+
+async def _shut_down(relay: _ProgressRelay | None, engine, servers: list[VLLMServer],
+                     starts: list[asyncio.Future]) -> None:
+    """Stop serving: the progress relay, the engine's client, then every server. A cancelled start is still
+    running on its thread: abort makes it give up within a second, and its expected EngineError is consumed."""
+    if relay:
+        relay.cancel()
+    if engine is not None:
+        engine.close()
+    await asyncio.gather(*(asyncio.to_thread(server.abort) for server in servers))
+    if starts:
+        await asyncio.wait(starts, timeout=30)
+    for start in starts:
+        if start.done() and not start.cancelled():
+            start.exception()  # seen: an aborted start's EngineError is expected here
 
 
 def _prepared_servers(config: EngineConfig, work_dir: str | Path, replicas: int) -> tuple[list[VLLMServer], Path]:
