@@ -8,8 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
+from django.test import override_settings
 
 from common.procs import kill_groups, pids_matching
 from lightning_web.celery import app as celery_app
@@ -121,11 +124,6 @@ def real_run(tmp: Path, model: str, harness: str, django_db_blocker):
     """Workers.for_real_run for a module-scoped fixture: the database unblocked, the settings on the workers'
     registry, runs folder and engine cache, and the tests' broker empty; on exit the workers are stopped and the
     broker and database emptied again. Yields the workers."""
-    import redis
-    from django.core.management import call_command
-    from django.test import override_settings
-
-    from lightning_web.celery import app as celery_app
     from tests.conftest import ENGINE_CACHE_DIR
 
     workers, registry = Workers.for_real_run(tmp, model, harness)

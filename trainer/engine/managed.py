@@ -118,8 +118,8 @@ async def serving_replicas(config: EngineConfig, work_dir: str | Path, replicas:
         await _shut_down(relay, engine, servers, starts)
 
 
-async def _shut_down(relay: _ProgressRelay | None, engine, servers: list[VLLMServer],
-                     starts: list[asyncio.Future]) -> None:
+async def _shut_down(relay: _ProgressRelay | None, engine: VLLMEngine | ReplicatedEngine | None,
+                     servers: list[VLLMServer], starts: list[asyncio.Future]) -> None:
     """Stop serving: the progress relay, the engine's client, then every server. A cancelled start is still
     running on its thread: abort makes it give up within a second, and its expected EngineError is consumed."""
     if relay:
