@@ -37,7 +37,10 @@ FAKE_SERVER = textwrap.dedent("""
     subprocess.Popen(["sleep", "300"])  # a helper process, like vLLM's engine core
     say("(Worker pid=3) INFO [cpu_model_runner.py:68] Starting to load model /m...")
     say("(Worker pid=3) INFO [cpu_model_runner.py:87] Warming up model for the compilation...")
-    if os.environ.get("FAKE_VLLM_SLOW_START"):
+    slow_after = os.environ.get("FAKE_VLLM_SLOW_AFTER_FIRST")  # the first server up starts fast, the next slowly
+    if slow_after and not os.path.exists(slow_after):
+        open(slow_after, "w").close()
+    elif os.environ.get("FAKE_VLLM_SLOW_START") or slow_after:
         __import__("time").sleep(300)  # compiling: no /health for minutes
     say("(Worker pid=3) INFO [cpu_worker.py:260] Explicitly set (0.5/11.21) GiB for KV cache on node 0.")
     say("(EngineCore pid=2) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 1.00 s")

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from common.procs import group_alive
+from common.procs import group_alive, pids_matching
 from proxy.server import ProxyServer
 from tests.trainer.test_engine import FAKE_SERVER
 from trainer.engine import EngineConfig, managed, replicas, serving_engine
@@ -160,6 +161,35 @@ async def test_replicas_start_each_on_its_own_port_log_and_threads_and_all_stop(
         pgids = [s.pgid for s in servers]
     assert reports[-1] == ("ready", 1.0)
     assert not any(group_alive(pgid) for pgid in pgids)
+
+
+async def test_cancelling_while_the_second_replica_starts_stops_both_within_seconds(tiny_model_dir, cpu_venv,
+                                                                                   tmp_path):
+    """Replica 0 is up and replica 1 still compiling when the run is cancelled: both process groups are gone."""
+    config = EngineConfig(model_path=str(tiny_model_dir), max_model_len=512, kv_cache_gb=0.5, venv=str(cpu_venv),
+                          extra_env={"FAKE_VLLM_SLOW_AFTER_FIRST": str(tmp_path / "first-started")})
+    second_compiling = asyncio.Event()
+
+    async def progress(phase, fraction):
+        if phase == "replica 2 of 2: compiling and warming up":
+            second_compiling.set()
+
+    async def serve():
+        async with serving_engine(config, tmp_path / "work", replicas=2, on_progress=progress,
+                                  progress_every_s=0.1):
+            raise AssertionError("the second replica never becomes healthy")
+
+    task = asyncio.create_task(serve())
+    await asyncio.wait_for(second_compiling.wait(), timeout=60)
+    pgids = [os.getpgid(pid) for pid in pids_matching("fake_server", str(tmp_path))]
+    assert len(pgids) == 2 and all(group_alive(pgid) for pgid in pgids)
+    task.cancel()
+    asked = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - asked < 10
+    assert not any(group_alive(pgid) for pgid in pgids)
+    assert pids_matching("fake_server", str(tmp_path)) == []
 
 
 def test_on_a_gpu_build_each_replica_gets_its_own_device(tiny_model_dir, tmp_path, monkeypatch):
