@@ -147,32 +147,34 @@ def test_a_failing_progress_callback_does_not_fail_the_start(tiny_model_dir, fak
 async def test_cancelling_a_start_in_progress_stops_the_whole_group_within_seconds(tiny_model_dir, fake_venv,
                                                                                   tmp_path):
     config = _config(tiny_model_dir, fake_venv, extra_env={"FAKE_VLLM_SLOW_START": "1"})
-    compiling = asyncio.Event()
+    pgids, seconds = await cancel_at_phase(config, tmp_path, "compiling and warming up")
+    assert len(pgids) == 1 and seconds < 10
+    assert not group_alive(pgids[0])
 
-    async def progress(phase, fraction):
-        if phase == "compiling and warming up":
-            compiling.set()
+
+async def cancel_at_phase(config, tmp_path, phase: str, **serving) -> tuple[list[int], float]:
+    """Start serving_engine on the fake server and cancel it once its progress says `phase` (no /health yet);
+    returns the fake servers' process groups seen then and the seconds the cancel took."""
+    reached = asyncio.Event()
+
+    async def progress(said, fraction):
+        if said == phase:
+            reached.set()
 
     async def serve():
         async with serving_engine(config, tmp_path / "work", start_timeout=600, on_progress=progress,
-                                  progress_every_s=0.1):
+                                  progress_every_s=0.1, **serving):
             raise AssertionError("the slow engine never becomes healthy")
 
     task = asyncio.create_task(serve())
-    await asyncio.wait_for(compiling.wait(), timeout=60)  # up and sleeping through its start, no /health yet
-    pgid = _fake_server_group(tmp_path)
+    await asyncio.wait_for(reached.wait(), timeout=60)
+    pgids = [os.getpgid(pid) for pid in pids_matching("fake_server", str(tmp_path))]
+    assert pgids and all(group_alive(pgid) for pgid in pgids)
     task.cancel()
     asked = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - asked < 10
-    assert not group_alive(pgid)
-
-
-def _fake_server_group(tmp_path) -> int:
-    """Process group of the fake engine server started from `tmp_path`."""
-    (pid,) = pids_matching("fake_server", str(tmp_path))
-    return os.getpgid(pid)
+    return pgids, time.monotonic() - asked
 
 
 async def test_serving_engine_delivers_the_latest_progress_throttled_and_ready_before_the_block(

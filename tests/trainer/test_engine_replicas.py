@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from starlette.routing import Route
 
 from common.procs import group_alive, pids_matching
 from proxy.server import ProxyServer
-from tests.trainer.test_engine import FAKE_SERVER
+from tests.trainer.test_engine import FAKE_SERVER, cancel_at_phase
 from trainer.engine import EngineConfig, managed, replicas, serving_engine
 from trainer.engine.replicas import ReplicatedEngine
 from trainer.engine.server import EngineError
@@ -168,26 +167,8 @@ async def test_cancelling_while_the_second_replica_starts_stops_both_within_seco
     """Replica 0 is up and replica 1 still compiling when the run is cancelled: both process groups are gone."""
     config = EngineConfig(model_path=str(tiny_model_dir), max_model_len=512, kv_cache_gb=0.5, venv=str(cpu_venv),
                           extra_env={"FAKE_VLLM_SLOW_AFTER_FIRST": str(tmp_path / "first-started")})
-    second_compiling = asyncio.Event()
-
-    async def progress(phase, fraction):
-        if phase == "replica 2 of 2: compiling and warming up":
-            second_compiling.set()
-
-    async def serve():
-        async with serving_engine(config, tmp_path / "work", replicas=2, on_progress=progress,
-                                  progress_every_s=0.1):
-            raise AssertionError("the second replica never becomes healthy")
-
-    task = asyncio.create_task(serve())
-    await asyncio.wait_for(second_compiling.wait(), timeout=60)
-    pgids = [os.getpgid(pid) for pid in pids_matching("fake_server", str(tmp_path))]
-    assert len(pgids) == 2 and all(group_alive(pgid) for pgid in pgids)
-    task.cancel()
-    asked = time.monotonic()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - asked < 10
+    pgids, seconds = await cancel_at_phase(config, tmp_path, "replica 2 of 2: compiling and warming up", replicas=2)
+    assert len(pgids) == 2 and seconds < 10
     assert not any(group_alive(pgid) for pgid in pgids)
     assert pids_matching("fake_server", str(tmp_path)) == []
 
