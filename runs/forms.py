@@ -19,7 +19,8 @@ from trainer.config import ConfigError, TrainerConfig
 
 BASIC_FIELDS = ("steps", "tasks_per_step", "group_size", "learning_rate", "temperature", "mode")
 CONFIG_CHOICES = {"mode": trainer_config.MODES, "advantage": trainer_config.ADVANTAGE_ESTIMATORS,
-                  "loss_agg": trainer_config.LOSS_AGGREGATIONS, "dtype": trainer_config.DTYPES}
+                  "loss_agg": trainer_config.LOSS_AGGREGATIONS, "dtype": trainer_config.DTYPES,
+                  "engine_dtype": trainer_config.ENGINE_DTYPES}
 RUN_FIELDS = ("name", "model", "harness", "dataset", "reward_script", "pool")
 
 

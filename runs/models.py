@@ -203,6 +203,9 @@ class Run(Owned):
     isolation = models.CharField(max_length=300, blank=True, help_text=(
         "How its user code was isolated (runs.isolation), set when a worker starts it, e.g. 'bubblewrap 0.11.0: "
         "harnesses reach only the proxy, ...' or 'none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)'"))
+    host = models.JSONField(default=dict, blank=True, help_text=(
+        "The host its worker runs it on and the number formats chosen there (trainer.host), set when a worker "
+        "starts it: the CPU profile, {'formats': {'engine_dtype', 'trainer_dtype', 'reason'}} and a 'summary' line"))
     pool = models.CharField(max_length=100, default="default", db_index=True, help_text=(
         "The worker pool that runs it: a Celery queue ('pool-<name>') served by the workers started for that pool"))
     started_at = models.DateTimeField(null=True, blank=True)

@@ -107,6 +107,18 @@ def record_isolation(run_id: int) -> str:
     return text
 
 
+def record_host(run_id: int, config: TrainerConfig) -> tuple[TrainerConfig, str]:
+    """Detect this worker's host, resolve the config's `auto` dtypes for it (trainer.host) and write both on the
+    run; returns the resolved config and the summary line. A run resumed on another host resolves again there."""
+    from trainer.host import detect, summary
+
+    profile = detect()
+    resolved, formats = config.on_host(profile)
+    line = f"{summary(profile, formats)} ({formats.reason})"
+    Run.objects.filter(pk=run_id).update(host={**profile.to_dict(), "formats": formats.to_dict(), "summary": line})
+    return resolved, line
+
+
 async def _serve_and_train(run_id: int, generation: int) -> str:
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
@@ -120,6 +132,8 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
     except executors.ExecutorSetupError as exc:
         raise RunSetupError(str(exc)) from exc
     await db(record_isolation)(run_id)
+    config, host_line = await db(record_host)(run_id, config)
+    await _log(run_id, f"host: {host_line}")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
     resume = None
     if run.checkpoint_path:  # re-queued after a lost worker, resumed or continued by its owner
@@ -133,7 +147,7 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
     from trainer.engine import EngineConfig, serving_engine
 
     engine_config = EngineConfig(model_path=str(folder), max_model_len=config.max_model_len,
-                                 kv_cache_gb=config.kv_cache_gb, seed=config.seed,
+                                 kv_cache_gb=config.kv_cache_gb, seed=config.seed, dtype=config.engine_dtype,
                                  cache_dir=str(settings.LIGHTNING_ENGINE_CACHE_DIR))
 
     async def engine_progress(phase: str, fraction: float | None) -> None:  # at most once a second
@@ -141,7 +155,8 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
 
     async with serving_engine(engine_config, workdir / "engine", on_progress=engine_progress,
                               replicas=config.engine_replicas) as engine:
-        await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation))
+        await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation),
+                                          note={"host": host_line})
         replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
         upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas,
                                   served_model=engine_config.served_model_name, sampling=config.sampling)

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from trainer.host import AUTO, ENGINE_DTYPES, TRAINER_DTYPES, Formats, resolve
+
+if TYPE_CHECKING:
+    from trainer.host import HostProfile
 
 # Names are kept here (not imported from trainer.algorithms) so validating a config never imports torch.
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "rollout_mean")
-DTYPES = ("float32", "bfloat16")
+DTYPES = TRAINER_DTYPES
 MODES = ("sync", "async")
 
 
@@ -71,8 +76,13 @@ class TrainerConfig:
     """Gradient clipping norm; 0 disables clipping."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    dtype: str = "float32"
-    """Training compute dtype: 'float32' or 'bfloat16' (autocast; weights and optimizer stay float32)."""
+    dtype: str = AUTO
+    """Training compute dtype: 'auto' (bfloat16 where the host computes it natively, else float32), 'float32' or
+    'bfloat16' (autocast; weights and optimizer stay float32). On a CPU without native bf16, bf16 autocast trained
+    SmolLM2 at 6 tokens/s against 138 in float32."""
+    engine_dtype: str = AUTO
+    """Engine: vLLM --dtype, 'auto' (bfloat16 where the host computes it natively, else float32), 'bfloat16' or
+    'float32'. The engine serves, and weight sync writes, its weights in this dtype."""
     max_staleness: int = 1
     """Async only: the most policy versions a trained sample may lag behind the policy it updates."""
     groups_in_flight: int = 0
@@ -142,6 +152,19 @@ class TrainerConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def on_host(self, profile: "HostProfile") -> tuple["TrainerConfig", Formats]:
+        """This config with `auto` dtypes made concrete for the host (trainer.host.resolve), and the formats."""
+        formats = resolve(profile, self.engine_dtype, self.dtype)
+        return dataclasses.replace(self, dtype=formats.trainer_dtype, engine_dtype=formats.engine_dtype), formats
+
+    def for_this_host(self) -> "TrainerConfig":
+        """This config with `auto` made concrete for the host this process runs on (itself when nothing is auto)."""
+        if AUTO not in (self.dtype, self.engine_dtype):
+            return self
+        from trainer.host import detect
+
+        return self.on_host(detect())[0]
+
 
 def _check_sizes(c: TrainerConfig) -> None:
     for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens", "eval_samples",
@@ -161,7 +184,7 @@ def _check_sizes(c: TrainerConfig) -> None:
 
 def _check_names(c: TrainerConfig) -> None:
     for name, valid in (("mode", MODES), ("advantage", ADVANTAGE_ESTIMATORS),
-                        ("loss_agg", LOSS_AGGREGATIONS), ("dtype", DTYPES)):
+                        ("loss_agg", LOSS_AGGREGATIONS), ("dtype", DTYPES), ("engine_dtype", ENGINE_DTYPES)):
         if getattr(c, name) not in valid:
             raise ConfigError(f"{name} must be one of {list(valid)}, got {getattr(c, name)!r}")
     if c.group_size < 2 and c.advantage in ("grpo", "rloo"):

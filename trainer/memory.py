@@ -42,6 +42,7 @@ def micro_batch_positions(config: TrainerConfig, model_config: Any, params: int)
     """
     if not config.max_train_memory_gb:
         return config.micro_batch_tokens
+    config = config.for_this_host()  # the estimate depends on the dtype `auto` becomes here
     fixed = fixed_bytes(config, model_config, params)
     per_position = bytes_per_position(config, model_config)
     spare = config.max_train_memory_gb * GB - fixed

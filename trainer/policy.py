@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from trainer.algorithms import Metrics, loss_weights, policy_loss
 from trainer.config import TrainerConfig
+from trainer.host import AUTO
 from trainer.memory import GB, micro_batch_positions, peak_rss_bytes, release_free_memory, reset_peak_rss, rss_bytes
 from trainer.samples import Sample
 
@@ -179,6 +180,8 @@ class Policy:
     """This process's place among the trainer's processes (trainer.distributed.ShardedPolicy sets them)."""
 
     def __init__(self, model: nn.Module, config: TrainerConfig):
+        if config.dtype == AUTO:  # a run resolved it when it started (and recorded it); anything else, here
+            config = config.for_this_host()
         self.model, self.config = model, config
         # Fails fast (ConfigError) when max_train_memory_gb cannot hold even this model's optimizer state.
         self.micro_batch_positions = micro_batch_positions(config, model.config,

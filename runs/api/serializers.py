@@ -271,7 +271,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
-                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "pool", "waiting",
+                  "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "host", "pool", "waiting",
                   "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 

@@ -96,6 +96,10 @@ def config_diff(runs: list[Run]) -> dict[str, Any]:
         ("harness", [_versioned(run.harness_snapshot) for run in runs]),
         ("dataset", [_versioned(run.dataset_snapshot) for run in runs]),
         ("reward script", [_versioned(run.reward_snapshot) for run in runs]),
+        # What `auto` (or a hand setting) became on the worker's host; the config rows below show the settings.
+        ("host", [(run.host or {}).get("summary", "not started") for run in runs]),
+        ("engine dtype (resolved)", [_formats(run).get("engine_dtype", "—") for run in runs]),
+        ("trainer dtype (resolved)", [_formats(run).get("trainer_dtype", "—") for run in runs]),
     ]
     keys = sorted(set().union(*(run.config for run in runs)))
     differ, same = [], []
@@ -105,6 +109,10 @@ def config_diff(runs: list[Run]) -> dict[str, Any]:
     return {"made_of": [{"key": key, "values": values, "differs": len(set(values)) > 1} for key, values in made_of],
             "config_differs": [{"key": key, "values": values} for key, values in differ],
             "config_same": [key for key, _ in same]}
+
+
+def _formats(run: Run) -> dict:
+    return (run.host or {}).get("formats") or {}
 
 
 def _versioned(snapshot: dict) -> str:

@@ -56,7 +56,7 @@ export class RunHeader {
   }
 
   applyStatus(event) {
-    const { status, error } = event.payload;
+    const { status, error, host } = event.payload;
     const before = this.status;
     this.status = status;
     const badge = this.el("run-status");
@@ -65,6 +65,7 @@ export class RunHeader {
     const errorLine = this.el("run-error");
     if (error) errorLine.textContent = error;
     else if (status === "queued" || status === "starting") errorLine.textContent = "";  // a fresh go
+    if (host) this.el("run-host").textContent = host;  // the worker's CPU and the dtypes it chose (trainer.host)
     const at = Date.parse(event.created_at);
     if (status === "running" && this.startedAt === null) this.startedAt = at;
     if (FINISHED.has(status)) {

@@ -243,7 +243,7 @@ async def test_a_run_step_over_compacting_rollouts_trains_each_completion_once_a
     run, task = await sync_to_async(compacting_run)(make_run, alice)
     # One group of two attempts: the first sub-agent to answer names the task's command, the second a wrong one.
     engine = ScriptedEngine(tiny_tokenizer_dir, policy=CompactingScript(sub_commands=(None, WRONG_COMMAND)))
-    config = TrainerConfig(steps=1, tasks_per_step=1, group_size=2, learning_rate=1e-3)
+    config = TrainerConfig(dtype="float32", steps=1, tasks_per_step=1, group_size=2, learning_rate=1e-3)
     policy = Policy(AutoModelForCausalLM.from_pretrained(tiny_tokenizer_dir, dtype=torch.float32), config)
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
 

@@ -23,7 +23,7 @@ from trainer.policy import OPTIMIZER_DIR, OPTIMIZER_FILE, Policy
 # Several micro-batches per rank, two optimizer steps per training step (the second clips against the logprobs
 # before the step), a reference model, a per-sequence loss aggregation and active gradient clipping: every place
 # where a rank's share must be weighted by the whole batch.
-CONFIG = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=24, updates_per_step=2, kl_coef=0.1,
+CONFIG = TrainerConfig(dtype="float32", learning_rate=1e-3, micro_batch_tokens=24, updates_per_step=2, kl_coef=0.1,
                        loss_agg="seq_mean_token_mean", max_grad_norm=0.5)
 TOLERANCE = 1e-5
 
@@ -181,7 +181,7 @@ def test_it_validates_the_world_size():
     assert TrainerConfig(world_size=4).world_size == 4
     with pytest.raises(ValueError, match="world_size must be at least 1"):
         TrainerConfig(world_size=0)
-    assert isinstance(make_policy(tiny_qwen2(), TrainerConfig()), Policy)
+    assert isinstance(make_policy(tiny_qwen2(), TrainerConfig(dtype="float32")), Policy)
 
 
 ORPHAN_SCRIPT = """
@@ -189,7 +189,7 @@ import time
 from tests.trainer.inprocess import tiny_qwen2
 from trainer.config import TrainerConfig
 from trainer.distributed import DistributedPolicy
-policy = DistributedPolicy(tiny_qwen2(), TrainerConfig(), world_size=3)
+policy = DistributedPolicy(tiny_qwen2(), TrainerConfig(dtype="float32"), world_size=3)
 print(*policy.pids, flush=True)
 time.sleep(600)
 """

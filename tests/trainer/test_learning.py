@@ -25,7 +25,7 @@ def reward(task, calls):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_it_learns_a_trivial_reward_within_a_bounded_number_of_steps(mode):
     torch.manual_seed(0)
-    config = TrainerConfig(steps=MAX_STEPS, tasks_per_step=4, group_size=4, learning_rate=3e-3, temperature=1.0,
+    config = TrainerConfig(dtype="float32", steps=MAX_STEPS, tasks_per_step=4, group_size=4, learning_rate=3e-3, temperature=1.0,
                            mode=mode, seed=0)
     model = tiny_qwen2(vocab_size=VOCAB, seed=0)
     engine = TorchEngine(model, temperature=config.temperature, seed=0)

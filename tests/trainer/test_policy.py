@@ -86,7 +86,7 @@ def test_it_fills_each_micro_batch_greedily_up_to_its_packed_size(lengths, budge
 def test_it_accumulates_micro_batches_to_the_same_update_as_one_batch(random_samples, loss_agg):
     results = []
     for budget in (10_000, 12):
-        config = TrainerConfig(micro_batch_tokens=budget, learning_rate=1e-2, loss_agg=loss_agg, max_grad_norm=0.5)
+        config = TrainerConfig(dtype="float32", micro_batch_tokens=budget, learning_rate=1e-2, loss_agg=loss_agg, max_grad_norm=0.5)
         policy = Policy(tiny_qwen2(), config)
         # Keep the clipped gradients for comparison (Adam's first step would amplify float noise near 0).
         policy.optimizer.step = policy.optimizer.zero_grad = lambda *a, **k: None
@@ -101,7 +101,7 @@ def test_it_accumulates_micro_batches_to_the_same_update_as_one_batch(random_sam
 
 
 def test_it_reports_loss_mismatch_and_clipping_of_an_on_policy_step(random_samples):
-    policy = Policy(tiny_qwen2(), TrainerConfig(learning_rate=1e-3))
+    policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32", learning_rate=1e-3))
     logp, _ = policy.logprobs(random_samples)
     metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
     # One update per step: ratio is exactly 1, nothing clipped; advantage 1 with token_mean gives -mean(tis).
@@ -114,7 +114,7 @@ def test_it_reports_loss_mismatch_and_clipping_of_an_on_policy_step(random_sampl
 
 
 def test_it_clips_gradients_to_the_configured_norm():
-    policy = Policy(tiny_qwen2(), TrainerConfig(max_grad_norm=0.5))
+    policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32", max_grad_norm=0.5))
     for p in policy.model.parameters():
         p.grad = torch.ones_like(p)
     count = sum(p.numel() for p in policy.model.parameters())
@@ -125,7 +125,7 @@ def test_it_clips_gradients_to_the_configured_norm():
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
 def test_it_resumes_exactly_from_a_checkpoint(tmp_path, random_samples, kl_coef):
-    config = TrainerConfig(learning_rate=1e-2, kl_coef=kl_coef, updates_per_step=2)
+    config = TrainerConfig(dtype="float32", learning_rate=1e-2, kl_coef=kl_coef, updates_per_step=2)
     batches = [(random_samples, [1.0, -1.0] * 5, list(range(10))),
                (random_samples[::-1], [-0.5, 0.5] * 5, list(range(10)))]
     straight = Policy(tiny_qwen2(seed=1), config)
@@ -155,7 +155,7 @@ def test_a_full_disk_while_saving_the_optimizer_raises_the_os_error_itself(tmp_p
 
     from trainer.policy import OPTIMIZER_DIR
 
-    policy = Policy(tiny_qwen2(seed=1), TrainerConfig(learning_rate=1e-2))
+    policy = Policy(tiny_qwen2(seed=1), TrainerConfig(dtype="float32", learning_rate=1e-2))
     policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
     (tmp_path / "ckpt" / OPTIMIZER_DIR).mkdir(parents=True)
     (tmp_path / "ckpt" / OPTIMIZER_DIR / "__0_0.distcp").symlink_to("/dev/full")  # every write: ENOSPC
@@ -178,7 +178,7 @@ def test_it_trains_under_bfloat16_autocast_close_to_float32(random_samples):
 
 
 def test_it_clips_the_second_mini_batch_against_the_logprobs_before_the_step(random_samples):
-    config = TrainerConfig(updates_per_step=2, learning_rate=0.05, micro_batch_tokens=16, clip_low=0.01,
+    config = TrainerConfig(dtype="float32", updates_per_step=2, learning_rate=0.05, micro_batch_tokens=16, clip_low=0.01,
                            clip_high=0.01)
     policy = Policy(tiny_qwen2(), config)
     old = policy._old_logprobs(random_samples)
@@ -195,7 +195,7 @@ def test_it_divides_dr_grpo_losses_by_the_most_completion_tokens_of_a_sample():
     samples = [make_sample([1] * 10, [2, 3, 4]), make_sample([5, 6], [7, 8, 9, 10, 11])]
     losses = []
     for norm in (0, 4):
-        config = TrainerConfig(loss_agg="seq_mean_token_sum_norm", loss_norm_tokens=norm, tis_cap=0.0)
+        config = TrainerConfig(dtype="float32", loss_agg="seq_mean_token_sum_norm", loss_norm_tokens=norm, tis_cap=0.0)
         losses.append(Policy(tiny_qwen2(), config).train_step(samples, [1.0, 1.0], [0, 1])["loss/policy"])
     # On-policy, untruncated: every token's loss is -1, weighted 1 / (norm x 2 samples).
     assert losses[0] == pytest.approx(-8 / (5 * 2))  # the longest completion is 5 tokens (not the 13-token sample)
@@ -205,7 +205,7 @@ def test_it_divides_dr_grpo_losses_by_the_most_completion_tokens_of_a_sample():
 def test_it_computes_the_same_gradients_with_gradient_checkpointing(random_samples):
     grads = []
     for checkpointing in (False, True):
-        policy = Policy(tiny_qwen2(), TrainerConfig(gradient_checkpointing=checkpointing))
+        policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32", gradient_checkpointing=checkpointing))
         policy.optimizer.step = policy.optimizer.zero_grad = lambda *a, **k: None
         policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
         assert policy.model.is_activation_checkpointing is checkpointing
@@ -215,7 +215,7 @@ def test_it_computes_the_same_gradients_with_gradient_checkpointing(random_sampl
 
 
 def test_it_trains_in_micro_batches_of_the_configured_padded_positions(random_samples):
-    policy = Policy(tiny_qwen2(), TrainerConfig(micro_batch_tokens=24))
+    policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32", micro_batch_tokens=24))
     sizes = []
     policy._backward = lambda batch, *a: (sizes.append(batch.input_ids.numel()) or {}, torch.zeros(len(batch.targets)))
     metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
@@ -227,7 +227,7 @@ def test_it_trains_in_micro_batches_of_the_configured_padded_positions(random_sa
 
 @pytest.mark.parametrize("updates", [1, 2])
 def test_it_keeps_the_trainers_logprob_of_every_loss_token_before_the_update(random_samples, updates):
-    policy = Policy(tiny_qwen2(), TrainerConfig(micro_batch_tokens=24, updates_per_step=updates, learning_rate=0.05))
+    policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32", micro_batch_tokens=24, updates_per_step=updates, learning_rate=0.05))
     before, _ = policy.logprobs(random_samples)  # (M,) loss tokens in sample order, under the weights before
     policy.train_step(random_samples, [1.0, -1.0] * 5, list(range(10)))
     kept = policy.trained_logprobs

@@ -72,7 +72,7 @@ def engine_and_trainer_logprobs(calls, model_dir, config):
 
 @pytest.mark.parametrize("top_k", [-1, 20])
 async def test_engine_and_trainer_logprobs_agree_under_the_runs_sampling(smollm2_dir, tmp_path, top_k):
-    config = TrainerConfig(temperature=0.7, top_k=top_k)
+    config = TrainerConfig(dtype="float32", temperature=0.7, top_k=top_k)
     calls = await sampled_through_the_proxy(smollm2_dir, tmp_path / "engine", "processed_logprobs", config.sampling)
     assert len(calls) == COMPLETIONS and all(c.status_code == 200 for c in calls)
     # The harness's own choices were recorded and overridden, never used.
@@ -89,7 +89,7 @@ async def test_engine_and_trainer_logprobs_agree_under_the_runs_sampling(smollm2
 
 async def test_raw_engine_logprobs_do_not_match_the_trainers(smollm2_dir, tmp_path):
     """What every run trained on before: vLLM's default raw (T=1) logprobs against the trainer's T=0.7 ones."""
-    config = TrainerConfig(temperature=0.7)
+    config = TrainerConfig(dtype="float32", temperature=0.7)
     calls = await sampled_through_the_proxy(smollm2_dir, tmp_path / "engine", "raw_logprobs", config.sampling)
     engine, trainer = engine_and_trainer_logprobs(calls, smollm2_dir, config)
     diff = (engine - trainer).abs()

@@ -23,8 +23,8 @@ def test_policy_logprobs_are_those_of_the_top_k_distribution_at_the_runs_tempera
     torch.manual_seed(0)
     model = tiny_qwen2()
     sample = make_sample([3, 4, 5], [6, 7, 8, 9])
-    plain, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs([sample])
-    topk, entropy = Policy(model, TrainerConfig(temperature=0.7, top_k=8)).logprobs([sample])
+    plain, _ = Policy(model, TrainerConfig(dtype="float32", temperature=0.7)).logprobs([sample])
+    topk, entropy = Policy(model, TrainerConfig(dtype="float32", temperature=0.7, top_k=8)).logprobs([sample])
     with torch.no_grad():  # reference: the whole sequence through the model, then the transform by hand
         logits = model(torch.tensor([sample.token_ids])).logits[0, 2:-1] / 0.7  # (4, V) predicting tokens 3..6
     targets = torch.tensor(sample.token_ids[3:])

@@ -66,7 +66,8 @@ class TickSource:
 
 
 def policy(**overrides):
-    config = TrainerConfig(**{"tasks_per_step": 2, "group_size": 2, "steps": 3, "learning_rate": 1e-3, **overrides})
+    config = TrainerConfig(**{"tasks_per_step": 2, "group_size": 2, "steps": 3, "learning_rate": 1e-3, "dtype": "float32",
+                              **overrides})
     return Policy(tiny_qwen2(), config)
 
 
@@ -269,7 +270,7 @@ async def test_torch_engine_holds_calls_while_paused_and_stamps_the_new_version(
 
 async def test_torch_engine_logprobs_match_the_trainers():
     model = tiny_qwen2()
-    config = TrainerConfig(temperature=0.7)
+    config = TrainerConfig(dtype="float32", temperature=0.7)
     engine = TorchEngine(model, temperature=0.7, seed=3)
     out = await engine.generate([1, 2, 3], max_new_tokens=6)
     calls = (CallRecord(0, (1, 2, 3), out.completion_ids, out.logprobs),)
@@ -289,7 +290,7 @@ async def test_torch_engine_batches_concurrent_calls_with_the_trainers_logprobs(
     assert all(o.finish_reason == ("stop" if o.completion_ids[-1] == 9 else "length") for o in outs)
     samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
                for p, o in zip(prompts, outs)]
-    logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
+    logp, _ = Policy(model, TrainerConfig(dtype="float32", temperature=0.7)).logprobs(samples)
     assert logp.tolist() == pytest.approx([lp for o in outs for lp in o.logprobs], abs=1e-5)
 
 
@@ -304,7 +305,7 @@ async def test_torch_engine_lets_a_late_call_join_a_running_batch():
     first = await early
     samples = [build_samples([CallRecord(0, tuple(p), o.completion_ids, o.logprobs)]).samples[0]
                for p, o in (([1, 2, 3, 4, 5, 6, 7], first), ([8, 9], late))]
-    logp, _ = Policy(model, TrainerConfig(temperature=0.7)).logprobs(samples)
+    logp, _ = Policy(model, TrainerConfig(dtype="float32", temperature=0.7)).logprobs(samples)
     assert logp.tolist() == pytest.approx(list(first.logprobs) + list(late.logprobs), abs=1e-5)
     assert engine._batch.rows == [] and engine.busy_seconds > 0
 

@@ -15,7 +15,7 @@ def tiny_policy(**overrides) -> Policy:
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
     config = {"tasks_per_step": 2, "group_size": 2, "steps": 3, "learning_rate": 1e-3, "checkpoint_every": 1,
-              **overrides}
+              "dtype": "float32", **overrides}
     return Policy(model, TrainerConfig(**config))
 
 

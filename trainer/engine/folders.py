@@ -23,9 +23,12 @@ WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json")
 """What a run's weights folder holds: the config (write_weights reads whether it is tied) and the weights."""
 
 
-def fingerprint(source: Path) -> str:
-    """Short hash of the source folder's path and of each file's name, size and modification time."""
+def fingerprint(source: Path, dtype: str | None = None) -> str:
+    """Short hash of the source folder's path, of each file's name, size and modification time, and of the dtype
+    the folder serves in (None: the source's own)."""
     digest = hashlib.sha256(f"{LAYOUT}\0{source.resolve()}".encode())
+    if dtype is not None:
+        digest.update(f"\0dtype={dtype}".encode())
     for item in sorted(source.rglob("*")):
         if item.is_file():
             stat = item.stat()
@@ -33,27 +36,28 @@ def fingerprint(source: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def served_folder(source: str | Path, root: str | Path) -> Path:
-    """Where the shared served folder of `source` is (or will be) under `root`."""
+def served_folder(source: str | Path, root: str | Path, dtype: str | None = None) -> Path:
+    """Where the shared served folder of `source` in `dtype` is (or will be) under `root`."""
     source = Path(source).resolve()
-    return Path(root) / f"{source.name}-{fingerprint(source)}"
+    return Path(root) / f"{source.name}-{fingerprint(source, dtype)}"
 
 
-def shared_served_model(source: str | Path, root: str | Path) -> Path:
+def shared_served_model(source: str | Path, root: str | Path, dtype: str | None = None) -> Path:
     """The folder vLLM serves for `source`, built under `root` on first use and reused while the source is unchanged.
+    Its weights are in `dtype` (the engine's: 'bfloat16', 'float32'), or the source's own when None.
 
     Built in a temporary folder and renamed into place, so a start racing another one sees either nothing or a
     complete folder. A re-imported model (other files or times) gets a new folder; old ones stay until removed.
     """
     source, root = Path(source).resolve(), Path(root)
-    final = served_folder(source, root)
+    final = served_folder(source, root, dtype)
     if (final / MARKER).is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
-        stage_model(source, building)
-        (building / MARKER).write_text(json.dumps({"source": str(source), "layout": LAYOUT}) + "\n")
+        stage_model(source, building, dtype)
+        (building / MARKER).write_text(json.dumps({"source": str(source), "layout": LAYOUT, "dtype": dtype}) + "\n")
         if final.exists() and not (final / MARKER).is_file():
             shutil.rmtree(final)  # left half-built by a crash before the marker existed
         try:

