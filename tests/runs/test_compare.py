@@ -80,11 +80,32 @@ def test_the_config_diff_shows_only_what_differs(client, alice, pair):
     keys = re.findall(r'<tr data-key="([^"]+)" class="config differs">', diff)
     assert keys == ["learning_rate", "steps"]
     assert "<code>1e-06</code>" in diff and "<code>1e-05</code>" in diff
-    assert re.findall(r'<tr data-key="([^"]+)" class="made-of">', diff) == ["model", "harness", "dataset",
-                                                                             "reward script"]
+    assert re.findall(r'<tr data-key="([^"]+)" class="made-of">', diff) == [
+        "model", "harness", "dataset", "reward script", "host", "engine dtype (resolved)", "trainer dtype (resolved)"]
     assert "<td>agent-h v1</td>" in diff and "<td>exact-r v1</td>" in diff
     same = page[page.index('id="config-same"'):]
     assert "<code>temperature</code>" in same and "<code>learning_rate</code>" not in same
+
+
+def test_the_dtypes_each_host_resolved_show_beside_the_auto_settings(client, alice, pair):
+    from trainer.host import HostProfile, resolve, summary
+
+    a, b = pair
+    for run, host in ((a, HostProfile(cpu_flags=("avx2", "avx512f", "avx512_bf16"), torch_capability="AVX512",
+                                      cores=2, memory_gb=23.5)),
+                      (b, HostProfile(cpu_flags=("avx2",), torch_capability="AVX2", cores=2, memory_gb=23.5))):
+        formats = resolve(host)  # what orchestrator.record_host writes when a worker starts the run
+        Run.objects.filter(pk=run.pk).update(host={**host.to_dict(), "formats": formats.to_dict(),
+                                                   "summary": summary(host, formats)})
+    client.force_login(alice)
+    page = client.get(f"/runs/compare/?ids={a.pk},{b.pk}").content.decode()
+    assert '<tr data-key="engine dtype (resolved)" class="made-of differs">' in page
+    assert '<td class="differs">bfloat16</td><td class="differs">float32</td>' in page
+    assert ('<td class="differs">CPU: AVX-512, native bf16 (2 cores, 23.5 GiB) -&gt; engine bfloat16, trainer bfloat16'
+            '</td><td class="differs">CPU: AVX2, no native bf16 (2 cores, 23.5 GiB) -&gt; engine float32, trainer '
+            'float32</td>') in page
+    same = page[page.index('id="config-same"'):]
+    assert "<code>dtype</code>" in same and "<code>engine_dtype</code>" in same  # both asked for auto
 
 
 def test_a_changed_harness_version_shows_in_the_diff(client, alice, kit):
