@@ -15,9 +15,13 @@ count before the run starts, from the time model below; a run's step count is fi
 prints what each part really took and how many steps would have fit, so a machine slower or faster than the
 model can be re-run with --steps.
 
+`--cpu-isa avx2` runs all of it (app, workers, engine) with torch and oneDNN limited to AVX2
+(trainer.host.ISA_LIMITS): the demo as a host without native bf16 runs it, where `auto` picks float32.
+
 It prints the curve (per-step train reward and step time, each evaluation), exports the run page's chart as a PNG
 (plotly.js in Debian's Chromium through Playwright), and last:
-RESULT pass1_start=<x> pass1_end=<y> gain_points=<z> minutes=<m> (then the greedy figures, steps and status).
+RESULT pass1_start=<x> pass1_end=<y> gain_points=<z> minutes=<m> (then the greedy figures, steps, status, the
+ISA setting and the dtypes the run resolved).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
 from common import procs  # noqa: E402
+from trainer.host import ISA_LIMITS  # noqa: E402
 
 PRESET = REPO / "examples" / "arith" / "preset.json"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -110,7 +115,8 @@ class Api:
 class App:
     """`manage.py up` on a fresh data dir, in its own process group; stop() takes everything down."""
 
-    def __init__(self, data_dir: Path, models_dir: Path | None):
+    def __init__(self, data_dir: Path, models_dir: Path | None, extra_env: dict | None = None):
+        self.extra_env = dict(extra_env or {})
         self.data_dir, self.models_dir = data_dir, models_dir
         self.port = procs.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -118,7 +124,7 @@ class App:
 
     def start(self, timeout_s: float = 600.0) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "LIGHTNING_MODELS_DIR")}
-        env.update(LIGHTNING_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1")
+        env.update(LIGHTNING_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1", **self.extra_env)
         if self.models_dir:
             env["LIGHTNING_MODELS_DIR"] = str(self.models_dir)
         self.log = open(self.data_dir / "up.log", "ab")
@@ -255,6 +261,8 @@ def main() -> None:
     parser.add_argument("--models-dir", type=Path, help="a models registry to reuse (default: the data dir's own)")
     parser.add_argument("--png", type=Path, default=REPO / "docs" / "demo-curve.png", help="where the chart goes")
     parser.add_argument("--no-png", action="store_true", help="do not export the chart")
+    parser.add_argument("--cpu-isa", choices=("native", *ISA_LIMITS), default="native",
+                        help="limit torch and oneDNN in the app, its workers and the engine to this ISA")
     args = parser.parse_args()
 
     preset = json.loads(PRESET.read_text())
@@ -269,7 +277,7 @@ def main() -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     if any(data_dir.glob("db.sqlite3")):
         raise SystemExit(f"{data_dir} is not fresh (it holds a database); give a new --data-dir")
-    app = App(data_dir, args.models_dir)
+    app = App(data_dir, args.models_dir, ISA_LIMITS.get(args.cpu_isa))
     try:
         print(f"starting the app on {data_dir} (migrate, first user, SmolLM2 import, demo) ...", flush=True)
         app.start()
@@ -286,6 +294,7 @@ def main() -> None:
               f"{' + greedy' if config.get('eval_greedy') else ''}); budget {args.minutes:g} min", flush=True)
         events = follow(api, run["id"], clicked, config["steps"])
         status = api.call(f"runs/{run['id']}/")
+        print(f"host: {status.get('host', {}).get('summary', 'not recorded')}")
         points, statuses = curve(events, clicked)
         print_curve(points)
         budget_check(points, statuses, model, args.minutes * 60, eval_attempts)
@@ -301,11 +310,13 @@ def main() -> None:
     if len(evals) < 2:
         raise SystemExit(f"RESULT status={status['status']}: fewer than two evaluations, nothing to compare")
     (_, first), (end_minutes, last) = evals[0], evals[-1]
+    formats = status.get("host", {}).get("formats", {})
     print(f"RESULT pass1_start={first['eval/pass@1']:.3f} pass1_end={last['eval/pass@1']:.3f} "
           f"gain_points={100 * (last['eval/pass@1'] - first['eval/pass@1']):.1f} minutes={end_minutes:.1f} "
           f"greedy_start={first.get('eval/pass@1_greedy', float('nan')):.3f} "
           f"greedy_end={last.get('eval/pass@1_greedy', float('nan')):.3f} steps={config['steps']} "
-          f"status={status['status']}")
+          f"status={status['status']} cpu_isa={args.cpu_isa} engine_dtype={formats.get('engine_dtype', '?')} "
+          f"trainer_dtype={formats.get('trainer_dtype', '?')}")
 
 
 if __name__ == "__main__":
