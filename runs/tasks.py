@@ -10,9 +10,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
-# check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check
+# check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check, worker_control
+# so they answer the host_profile inspect command
 from runs import (check_tasks, durability, model_imports, orchestrator, pools, reconnect,  # noqa: F401
-                  rollout_services, services)
+                  rollout_services, services, worker_control)
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)

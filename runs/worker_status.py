@@ -48,10 +48,11 @@ def inspect_workers(user, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     control = current_app.control
     try:
         names = sorted(control.inspect(timeout=timeout).ping() or {})
-        stats = active = queues = {}
+        stats = active = queues = hosts = {}
         if names:
             inspect = control.inspect(destination=names, limit=len(names), timeout=timeout)
             stats, active, queues = inspect.stats() or {}, inspect.active() or {}, inspect.active_queues() or {}
+            hosts = inspect._request("host_profile") or {}  # runs.worker_control; a custom command has no method
     finally:
         listener.join(timeout + 2)
     run_ids = {run_id for tasks in active.values() for task in tasks if (run_id := _run_of(task)) is not None}
@@ -59,7 +60,7 @@ def inspect_workers(user, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     statuses = dict(Run.objects.filter(pk__in=run_ids).values_list("pk", "status"))
     now = time.time()
     workers = [_worker(name, stats.get(name, {}), active.get(name, []), queues.get(name, []), beats.get(name),
-                       visible, statuses, now) for name in names]
+                       visible, statuses, now, hosts.get(name)) for name in names]
     return {"checked_at": timezone.now(), "timeout_s": timeout, "answered": bool(workers), "workers": workers}
 
 
@@ -71,7 +72,8 @@ def _run_of(task: dict) -> int | None:
 
 
 def _worker(name: str, stats: dict, active: list[dict], queues: list[dict], beat: dict | None,
-            visible: dict[int, str], statuses: dict[int, str], now: float) -> dict[str, Any]:
+            visible: dict[int, str], statuses: dict[int, str], now: float, host: dict | None = None
+            ) -> dict[str, Any]:
     queue_names = sorted(q["name"] for q in queues if "name" in q)
     held = _claims(name)
     tasks = []
@@ -92,6 +94,9 @@ def _worker(name: str, stats: dict, active: list[dict], queues: list[dict], beat
         "concurrency": pool.get("max-concurrency"),
         "processed": sum((stats.get("total") or {}).values()),
         "active": tasks,
+        # The CPU its runs resolve `auto` dtypes on, e.g. 'CPU: AVX2, no native bf16 (...) -> engine float32, ...';
+        # '' from a worker that does not answer host_profile (an older version).
+        "host": host.get("summary", "") if isinstance(host, dict) and "error" not in host else "",
     }
 
 

@@ -448,6 +448,8 @@ class WorkerSerializer(serializers.Serializer):
     concurrency = serializers.IntegerField(allow_null=True, help_text="Tasks it runs at once (its device sets)")
     processed = serializers.IntegerField(help_text="Tasks it has taken since it started")
     active = WorkerTaskSerializer(many=True)
+    host = serializers.CharField(help_text="Its CPU and the dtypes `auto` picks there (trainer.host), e.g. 'CPU: AVX2, "
+                                           "no native bf16 (...) -> engine float32, trainer float32'; '' unknown")
 
 
 class WorkersSerializer(serializers.Serializer):

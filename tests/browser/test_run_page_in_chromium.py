@@ -214,3 +214,22 @@ def test_cancel_ends_a_queued_run_and_the_header_follows(page, live_url, alice, 
     settle(page)
     shot(page, "run_page_cancelled")
     assert console == [] and page.outside == []
+
+
+def test_the_header_shows_the_host_when_a_worker_starts_the_run(page, live_url, alice, make_run, console):
+    run = make_run(alice, name="starting")
+    login(page, live_url)
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_selector("#run-chart[data-ready='1']")
+    assert page.locator("#run-host").inner_text() == "not started yet"
+    line = ("CPU: AVX2, no native bf16 (2 cores, 23.5 GiB) -> engine float32, trainer float32 "
+            "(auto (engine and trainer): the CPU has no native bf16)")
+    services.claim_run(run.pk, "task")
+    Run.objects.filter(pk=run.pk).update(host={"summary": line})  # orchestrator.record_host, then RUNNING
+    services.transition_run(run.pk, "running", note={"host": line})
+    page.wait_for_function("document.getElementById('run-status').textContent === 'running'", timeout=15000)
+    assert page.locator("#run-host").inner_text() == line  # from the status event, without a reload
+    page.reload()
+    page.wait_for_selector("#run-chart[data-ready='1']")
+    assert page.locator("#run-host").inner_text() == line  # as the server draws it
+    assert console == [] and page.outside == []

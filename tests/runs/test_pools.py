@@ -6,8 +6,9 @@ import sys
 import time
 
 import pytest
+from django.utils.html import escape
 
-from runs import pools, services
+from runs import pools, services, worker_control
 from runs.models import Run
 from tests.runs.test_new_run_form import config_post
 from tests.workers import ROOT, Workers, wait_db
@@ -252,7 +253,10 @@ def test_a_pool_run_goes_to_its_pool_worker_only_on_a_free_device_set(alice, ali
     assert mine["heartbeat_age_s"] is not None and 0 <= mine["heartbeat_age_s"] < 30
     assert mine["active"][0]["run_name"] == "in a" and mine["active"][0]["task"] == "runs.tasks.execute_run"
     assert (plain["queues"], plain["pools"], plain["concurrency"], plain["active"]) == (["runs"], ["default"], 1, [])
+    here = worker_control.profile()["summary"]  # the workers run on this machine, with this process's environment
+    assert here.startswith("CPU: ") and mine["host"] == plain["host"] == here
     page = client.get("/workers/").content.decode()
+    assert f'<td class="worker-host">{escape(here)}</td>' in page
     assert 'data-worker="pool-a@test"' in page and f'<a href="/runs/{in_a.pk}/">run {in_a.pk} in a</a>' in page
     assert '<td class="worker-queues">pool-a</td>' in page and '<td class="worker-pools">a</td>' in page
 

@@ -208,3 +208,30 @@ def test_the_header_says_what_the_run_is_doing(client, alice, make_run):
     assert '<span id="run-phase">evaluating step 1: 3/8</span>' in client.get(f"/runs/{run.pk}/").content.decode()
     services.fail_run(run.pk, "boom")
     assert '<span id="run-phase"></span>' in client.get(f"/runs/{run.pk}/").content.decode()
+
+
+def test_the_header_shows_the_workers_host_and_the_formats_it_chose(client, alice, make_run):
+    from django.utils.html import escape
+
+    from runs.orchestrator import record_host
+    from trainer.config import TrainerConfig
+    from trainer.host import detect, resolve
+
+    run = make_run(alice, config={"engine_dtype": "float32"})  # the trainer's dtype stays auto
+    client.force_login(alice)
+    assert '<dd id="run-host">not started yet</dd>' in client.get(f"/runs/{run.pk}/").content.decode()
+    config, line = record_host(run.pk, TrainerConfig.from_dict(run.config))  # what a worker does at run start
+    here = detect()
+    best = "bfloat16" if here.native_bf16 else "float32"
+    assert (config.engine_dtype, config.dtype) == ("float32", best) == (resolve(here, "float32").engine_dtype, best)
+    assert line == (f"{here.describe()} -> engine float32, trainer {best} "
+                    f"(auto (trainer): the CPU has {'native' if here.native_bf16 else 'no native'} bf16)")
+    stored = Run.objects.get(pk=run.pk)
+    assert stored.config["dtype"] == "auto" and stored.config["engine_dtype"] == "float32"  # settings unchanged
+    assert stored.host["summary"] == line and stored.host["torch_capability"] == here.torch_capability
+    assert stored.host["formats"] == {"engine_dtype": "float32", "trainer_dtype": best,
+                                      "reason": "auto (trainer): the CPU has " + (
+                                          "native bf16" if here.native_bf16 else "no native bf16")}
+    assert f'<dd id="run-host">{escape(line)}</dd>' in client.get(f"/runs/{run.pk}/").content.decode()
+    api = client.get(f"/api/v1/runs/{run.pk}/")
+    assert api.status_code == 200 and api.json()["host"] == stored.host
