@@ -218,13 +218,13 @@ class BareLoop:
         from trainer.engine import EngineConfig, serving_engine
         from trainer.policy import Policy
 
-        c = self.config
+        c = self.config.for_this_host()  # `auto` dtypes as a run on this host resolves them
         torch.manual_seed(c.seed)
         random.seed(c.seed)
         tokenizer = AutoTokenizer.from_pretrained(self.folder)
         policy = Policy(AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32), c)
         engine_config = EngineConfig(model_path=str(self.folder), max_model_len=c.max_model_len,
-                                     kv_cache_gb=c.kv_cache_gb, seed=c.seed)
+                                     kv_cache_gb=c.kv_cache_gb, seed=c.seed, dtype=c.engine_dtype)
         times = []
         async with serving_engine(engine_config, self.workdir / "engine") as engine:
             limits = httpx.Limits(max_connections=c.tasks_per_step * c.group_size)

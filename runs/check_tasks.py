@@ -64,8 +64,10 @@ def run_check(check: HarnessCheck) -> dict:
 @contextmanager
 def vllm_engine(folder: Path, workdir: Path) -> Iterator[tuple[str, str]]:
     """(base URL, served model name) of vLLM serving the model folder as a run's engine serves it."""
+    from trainer.config import TrainerConfig
     from trainer.engine import EngineConfig, managed_engine
 
-    config = EngineConfig(model_path=str(folder), cache_dir=str(settings.LIGHTNING_ENGINE_CACHE_DIR))
+    dtype = TrainerConfig().for_this_host().engine_dtype  # `auto` on this worker's host, as a run resolves it
+    config = EngineConfig(model_path=str(folder), cache_dir=str(settings.LIGHTNING_ENGINE_CACHE_DIR), dtype=dtype)
     with managed_engine(config, workdir / "engine") as engine:
         yield engine.base_url + "/v1", config.served_model_name
