@@ -83,22 +83,24 @@ async def engine_speed(args, dtype: str) -> tuple[dict[int, float], list[tuple[l
         print(f"[{args.isa}] engine {dtype}: up in {time.perf_counter() - started:.0f} s", flush=True)
 
         async def call(i: int, tokens: int, **extra) -> dict:
-            body = {"model": config.served_model_name, "max_tokens": tokens, "ignore_eos": True,
+            body = {"model": config.served_model_name, "max_tokens": tokens,
                     "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], **extra}
             response = await client.post("/chat/completions", json=body)
-            response.raise_for_status()
+            if response.is_error:
+                raise SystemExit(f"engine {dtype} answered {response.status_code}: {response.text[:500]}")
             return response.json()
 
         await call(0, 16)  # warm-up
         speeds = {}
         for concurrency in args.concurrency:
             began = time.perf_counter()
-            answers = await asyncio.gather(*(call(i, args.tokens, temperature=TEMPERATURE)
+            answers = await asyncio.gather(*(call(i, args.tokens, temperature=TEMPERATURE, ignore_eos=True)
                                              for i in range(concurrency)))
             seconds = time.perf_counter() - began
             speeds[concurrency] = sum(a["usage"]["completion_tokens"] for a in answers) / seconds
             print(f"[{args.isa}] engine {dtype}: {concurrency:>2} concurrent: {speeds[concurrency]:6.1f} tok/s "
                   f"({seconds:.1f} s)", flush=True)
+        # As a run samples (no ignore_eos: it masks the end token, which vLLM may then report as -inf).
         answers = await asyncio.gather(*(call(i, 48, temperature=TEMPERATURE, logprobs=True, return_token_ids=True)
                                          for i in range(MISMATCH_CALLS)))
     calls = [(a["prompt_token_ids"], a["choices"][0]["token_ids"],

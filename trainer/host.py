@@ -9,6 +9,8 @@ so the slow path can be reproduced, and tested, on any machine.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,6 +149,19 @@ def detect() -> HostProfile:
                        isa_limit=" ".join(f"{k}={os.environ[k]}" for k in LIMIT_VARIABLES if os.environ.get(k)),
                        cores=len(os.sched_getaffinity(0)), memory_gb=round(_memory_gb(), 1), gpu=gpu,
                        gpu_bf16=gpu_bf16)
+
+
+def compile_cache_key(env: Mapping[str, str] | None = None) -> str:
+    """A folder name for code compiled on this CPU under `env`'s ISA limits (os.environ by default), e.g.
+    'avx2-avx512f-avx512_bf16-avx512_vnni' or '...-limit-avx2-AVX2': code compiled under another CPU or limit
+    must never be loaded here (trainer.engine.server)."""
+    env = os.environ if env is None else env
+    flags, _ = _cpuinfo()
+    name = "-".join(flag for flag in CPU_FLAGS if flag in flags) or "cpu"
+    limits = [env[k].strip() for k in LIMIT_VARIABLES if env.get(k, "").strip()]
+    if limits:
+        name += "-limit-" + "-".join(limits)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[set[str], str]:

