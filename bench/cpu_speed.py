@@ -13,12 +13,14 @@ dispatches), with the limits of trainer.host.ISA_LIMITS in its environment and s
 - trainer: for bfloat16 autocast and float32, Policy.train_step (trainer logprobs, forward, backward, AdamW) on
   samples of the demo's length (`--prompt-tokens` context + `--completion-tokens` trained), after one warm-up
   step, repeated until `--train-seconds` have passed; tokens/s = tokens trained over their wall time. Then the
-  mismatch: mean |engine - trainer| logprob of the engine's sampled tokens, each dtype with its own engine's.
+  mismatch: mean |engine - trainer| logprob of the engine's sampled tokens, each dtype with its own engine's, on
+  8 first calls of the demo agent (examples/arith: system prompt, two worked episodes, a train question) and on 8
+  prose answers (higher entropy: bfloat16's rounding shows more there).
 
 Last line: RESULT engine_auto_vs_best=<x> engine_auto_vs_best_avx2=<x> trainer_auto_vs_best=<x>
 trainer_auto_vs_best_avx2=<x> engine_tok_s=<auto, 32 concurrent> engine_tok_s_avx2=<...> trainer_tok_s=<...>
 trainer_tok_s_avx2=<...> (then the auto picks and mismatches), where *_vs_best is auto's throughput over the faster
-dtype's on that setting (1.0 when auto picked the faster one).
+dtype's on that setting (1.0 when auto picked the faster one); mismatch_auto* are auto's dtypes' mismatches.
 """
 from __future__ import annotations
 
@@ -43,6 +45,17 @@ PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicy
            "List ten uses for a paperclip and say why each works.", "Describe the water cycle to a child."]
 MISMATCH_CALLS = 8
 TEMPERATURE = 0.7
+DEMO = REPO / "examples" / "arith"
+
+
+def demo_messages(i: int) -> list[dict]:
+    """The demo agent's first call on train task i: its system prompt, two worked episodes, the question."""
+    sys.path.insert(0, str(DEMO))
+    import agent  # examples/arith/agent.py: the demo's harness, unchanged
+
+    tasks = [json.loads(line) for line in (DEMO / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    question = [t for t in tasks if t["split"] == "train"][i]["question"]
+    return [{"role": "system", "content": agent.SYSTEM}, *agent.demo_turns(), {"role": "user", "content": question}]
 
 
 def child(args) -> dict:
@@ -56,21 +69,21 @@ def child(args) -> dict:
     print(f"[{args.isa}] {profile.describe()}; auto -> {auto.describe()}", flush=True)
     report = {"isa": args.isa, "host": profile.describe(), "torch_capability": profile.torch_capability,
               "auto": {"engine": auto.engine_dtype, "trainer": auto.trainer_dtype}, "engine": {}, "trainer": {},
-              "mismatch": {}}
+              "mismatch": {}, "mismatch_prose": {}}
     sampled = {}
     for dtype in DTYPES:
         decode, calls = asyncio.run(engine_speed(args, dtype))
         report["engine"][dtype], sampled[dtype] = decode, calls
     torch.manual_seed(0)
     for dtype in DTYPES:
-        tokens_s, mismatch = trainer_speed(args, dtype, sampled[dtype])
-        report["trainer"][dtype], report["mismatch"][dtype] = tokens_s, mismatch
+        tokens_s, demo, prose = trainer_speed(args, dtype, *sampled[dtype])
+        report["trainer"][dtype], report["mismatch"][dtype], report["mismatch_prose"][dtype] = tokens_s, demo, prose
     return report
 
 
-async def engine_speed(args, dtype: str) -> tuple[dict[int, float], list[tuple[list[int], list[int], list[float]]]]:
-    """{concurrency: tokens/s} for one vLLM server in `dtype`, and MISMATCH_CALLS sampled calls (prompt ids,
-    completion ids, engine logprobs) for the trainer to recompute."""
+async def engine_speed(args, dtype: str) -> tuple[dict[int, float], tuple[list, list]]:
+    """{concurrency: tokens/s} for one vLLM server in `dtype`, and MISMATCH_CALLS sampled calls of the demo and of
+    prose (each: prompt ids, completion ids, engine logprobs) for the trainer to recompute."""
     import httpx
 
     from trainer.engine import EngineConfig, serving_engine
@@ -82,9 +95,9 @@ async def engine_speed(args, dtype: str) -> tuple[dict[int, float], list[tuple[l
             httpx.AsyncClient(base_url=engine.base_url + "/v1", timeout=1800) as client:
         print(f"[{args.isa}] engine {dtype}: up in {time.perf_counter() - started:.0f} s", flush=True)
 
-        async def call(i: int, tokens: int, **extra) -> dict:
+        async def call(i: int, tokens: int, messages: list[dict] | None = None, **extra) -> dict:
             body = {"model": config.served_model_name, "max_tokens": tokens,
-                    "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], **extra}
+                    "messages": messages or [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], **extra}
             response = await client.post("/chat/completions", json=body)
             if response.is_error:
                 raise SystemExit(f"engine {dtype} answered {response.status_code}: {response.text[:500]}")
@@ -101,16 +114,20 @@ async def engine_speed(args, dtype: str) -> tuple[dict[int, float], list[tuple[l
             print(f"[{args.isa}] engine {dtype}: {concurrency:>2} concurrent: {speeds[concurrency]:6.1f} tok/s "
                   f"({seconds:.1f} s)", flush=True)
         # As a run samples (no ignore_eos: it masks the end token, which vLLM may then report as -inf).
-        answers = await asyncio.gather(*(call(i, 48, temperature=TEMPERATURE, logprobs=True, return_token_ids=True)
-                                         for i in range(MISMATCH_CALLS)))
-    calls = [(a["prompt_token_ids"], a["choices"][0]["token_ids"],
-              [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]]) for a in answers]
-    return speeds, calls
+        demo = await asyncio.gather(*(call(i, 64, demo_messages(i), temperature=TEMPERATURE, logprobs=True,
+                                           return_token_ids=True) for i in range(MISMATCH_CALLS)))
+        prose = await asyncio.gather(*(call(i, 48, temperature=TEMPERATURE, logprobs=True, return_token_ids=True)
+                                       for i in range(MISMATCH_CALLS)))
+
+    def recorded(answers):
+        return [(a["prompt_token_ids"], a["choices"][0]["token_ids"],
+                 [t["logprob"] for t in a["choices"][0]["logprobs"]["content"]]) for a in answers]
+    return speeds, (recorded(demo), recorded(prose))
 
 
-def trainer_speed(args, dtype: str, calls) -> tuple[float, float]:
+def trainer_speed(args, dtype: str, demo_calls, prose_calls) -> tuple[float, float, float]:
     """Training tokens/s of Policy.train_step in `dtype` on demo-length samples, and the mean |engine - trainer|
-    logprob of `calls` (sampled by the engine in the same dtype)."""
+    logprob of the demo's and of prose calls (sampled by the engine in the same dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -126,10 +143,12 @@ def trainer_speed(args, dtype: str, calls) -> tuple[float, float]:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     policy = Policy(model, TrainerConfig(dtype=dtype, learning_rate=1e-6, temperature=TEMPERATURE,
                                          max_train_memory_gb=0))
-    engine_samples = [sample(*call) for call in calls]
-    logprobs, _ = policy.logprobs(engine_samples)  # (M,) every loss token, in sample order
-    engine = torch.tensor([lp for call in calls for lp in call[2]])
-    mismatch = (logprobs - engine).abs().mean().item()
+
+    def mismatch(calls) -> float:
+        logprobs, _ = policy.logprobs([sample(*call) for call in calls])  # (M,) every loss token, in sample order
+        return (logprobs - torch.tensor([lp for call in calls for lp in call[2]])).abs().mean().item()
+
+    demo, prose = mismatch(demo_calls), mismatch(prose_calls)
 
     rng = random.Random(0)
     vocab = model.config.vocab_size
@@ -145,9 +164,9 @@ def trainer_speed(args, dtype: str, calls) -> tuple[float, float]:
         seconds += time.perf_counter() - began
         tokens += sum(len(s.token_ids) for s in batch)
     print(f"[{args.isa}] trainer {dtype}: {tokens / seconds:6.1f} tok/s ({tokens} tokens in {seconds:.1f} s); "
-          f"engine-vs-trainer logprob mismatch {mismatch:.4f}", flush=True)
+          f"engine-vs-trainer logprob mismatch {demo:.4f} on the demo's calls, {prose:.4f} on prose", flush=True)
     policy.close()
-    return tokens / seconds, mismatch
+    return tokens / seconds, demo, prose
 
 
 def run_child(args, isa: str) -> dict:
@@ -179,10 +198,11 @@ def print_tables(reports: list[dict]) -> None:
         for dtype in DTYPES:
             mark = " (auto)" if dtype == r["auto"]["engine"] else ""
             print(f"  {dtype + mark:<20}" + "".join(f"{r['engine'][dtype][str(c)]:11.1f}" for c in concurrencies))
-        print("trainer tok/s          forward+backward+AdamW   engine-vs-trainer mismatch")
+        print("trainer tok/s          forward+backward+AdamW   mismatch: demo calls   prose")
         for dtype in DTYPES:
             mark = " (auto)" if dtype == r["auto"]["trainer"] else ""
-            print(f"  {dtype + mark:<20}{r['trainer'][dtype]:16.1f}{r['mismatch'][dtype]:26.4f}")
+            print(f"  {dtype + mark:<20}{r['trainer'][dtype]:16.1f}{r['mismatch'][dtype]:22.4f}"
+                  f"{r['mismatch_prose'][dtype]:11.4f}")
 
 
 def main() -> None:
@@ -227,7 +247,8 @@ def main() -> None:
                    f"engine_tok_s{suffix}={engine[r['auto']['engine']]:.1f}",
                    f"trainer_tok_s{suffix}={r['trainer'][r['auto']['trainer']]:.1f}",
                    f"auto{suffix}={r['auto']['engine']}/{r['auto']['trainer']}",
-                   f"mismatch_auto{suffix}={r['mismatch'][r['auto']['trainer']]:.4f}"]
+                   f"mismatch_auto{suffix}={r['mismatch'][r['auto']['trainer']]:.4f}",
+                   f"mismatch_auto_prose{suffix}={r['mismatch_prose'][r['auto']['trainer']]:.4f}"]
     order = ("engine_auto_vs_best=", "engine_auto_vs_best_", "trainer_auto_vs_best=", "trainer_auto_vs_best_",
              "engine_tok_s=", "engine_tok_s_", "trainer_tok_s=", "trainer_tok_s_", "auto", "mismatch")
     fields.sort(key=lambda f: next(i for i, prefix in enumerate(order) if f.startswith(prefix)))
