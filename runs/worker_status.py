@@ -52,7 +52,9 @@ def inspect_workers(user, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         if names:
             inspect = control.inspect(destination=names, limit=len(names), timeout=timeout)
             stats, active, queues = inspect.stats() or {}, inspect.active() or {}, inspect.active_queues() or {}
-            hosts = inspect._request("host_profile") or {}  # runs.worker_control; a custom command has no method
+            # runs.worker_control's inspect command: a custom command is asked for by name.
+            replies = control.broadcast("host_profile", reply=True, destination=names, timeout=timeout) or []
+            hosts = {name: answer for reply in replies for name, answer in reply.items()}
     finally:
         listener.join(timeout + 2)
     run_ids = {run_id for tasks in active.values() for task in tasks if (run_id := _run_of(task)) is not None}
