@@ -168,9 +168,11 @@ def engine_processes(model: Path) -> list[str]:
     """Command lines of the live vLLM servers of `model` (they serve its shared folder in the engine cache)."""
     from django.conf import settings
 
+    from trainer.config import TrainerConfig
     from trainer.engine.folders import served_folder
 
-    served = served_folder(model, settings.LIGHTNING_ENGINE_CACHE_DIR / "models")
+    dtype = TrainerConfig().for_this_host().engine_dtype  # the served folder is the engine dtype's: `auto` here
+    served = served_folder(model, settings.LIGHTNING_ENGINE_CACHE_DIR / "models", dtype)
     return [c for c in processes_mentioning(str(served)) if "vllm.entrypoints" in c]
 
 
