@@ -36,32 +36,20 @@ model's, so bfloat16's rounding moves them more: 0.066 seen here (transformers a
 autocast: 0.086). SmolLM2 stays within 0.03 in both formats (bench/cpu_speed.py measures it)."""
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from trainer.models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("host-models") / "tiny-real", seed=0)
-
-
 @pytest.fixture
-def workers(tmp_path, test_redis, settings, tiny_model):
-    from tests.conftest import ENGINE_CACHE_DIR
-
-    settings.LIGHTNING_MODELS_DIR = tiny_model.parent
-    pool = Workers(tmp_path)
-    pool.data_dir.mkdir()
-    ENGINE_CACHE_DIR.mkdir(exist_ok=True)
-    (pool.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)  # compile caches warm across sessions
+def workers(tmp_path, test_redis, settings):
+    # The tiny model in a registry of its own, the engine's compile caches warm across sessions, the harness written.
+    pool, registry = Workers.for_real_run(tmp_path, "tiny-real", HARNESS)
     for variable in ISA_LIMITS["avx2"]:  # this test says which limits the worker gets
         pool.env.pop(variable, None)
+    settings.LIGHTNING_MODELS_DIR = registry
     settings.LIGHTNING_RUNS_DIR = pool.runs_dir
     yield pool
     pool.stop()
 
 
 def run_on_worker(alice, tmp_path, workers, env: dict) -> Run:
-    (tmp_path / "harness.py").write_text(HARNESS)
-    harness = services.create_harness(alice, name="two-turns", timeout_s=120, command=[
+    harness = services.create_harness(alice, name="one-call", timeout_s=120, command=[
         "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"])
     tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "train"}}' for i in range(4))
     dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
