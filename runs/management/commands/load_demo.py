@@ -22,6 +22,9 @@ from runs.models import Dataset, Harness, RewardScript, Run
 
 DEMO = settings.BASE_DIR / "examples" / "arith"
 PRESET_FILE = DEMO / "preset.json"
+REPO_TASKS = settings.BASE_DIR / "examples" / "repo_tasks"
+REPO_DATASET, REPO_REWARD = "repo-tasks", "repo-checks"
+"""The repository task suite's dataset and reward script, as the harness templates' presets name them."""
 
 
 def demo_preset() -> dict[str, Any]:
@@ -38,12 +41,28 @@ def ensure_demo(user) -> tuple[Harness, Dataset, RewardScript]:
         env={}, timeout_s=300)
     dataset = Dataset.objects.filter(owner=user, name=preset["dataset"]).first() or services.create_dataset(
         user, name=preset["dataset"], content=(DEMO / "tasks.jsonl").read_bytes(), filename="tasks.jsonl",
-        description="500 two-number word problems, 100 of them val (examples/arith/make_tasks.py)",
+        description="500 two-number word problems, 100 of them val: the val tasks use wordings no train task uses "
+                    "(examples/arith/make_tasks.py)",
         required_fields=("question", "answer"))
     reward = RewardScript.objects.filter(owner=user, name=preset["reward_script"]).first() or \
         services.create_reward_script(user, name=preset["reward_script"], source=(DEMO / "reward.py").read_text(),
                                       description="1 for the exact number, else 0")
     return harness, dataset, reward
+
+
+def ensure_repo_suite(user) -> tuple[Dataset, RewardScript]:
+    """The user's repository task suite (examples/repo_tasks) and its reward script, created where missing: what
+    the mini-SWE-agent and OpenCode templates' presets train on. `tests` is hidden from the harness by default."""
+    dataset = Dataset.objects.filter(owner=user, name=REPO_DATASET).first() or services.create_dataset(
+        user, name=REPO_DATASET, content=(REPO_TASKS / "tasks.jsonl").read_bytes(), filename="tasks.jsonl",
+        description="Tiny git repositories to fix (wrong operator, off-by-one, missing return, a failing test, a "
+                    "computed file, a rename); val templates (wording and scenario) differ from train ones "
+                    "(examples/repo_tasks)",
+        required_fields=("prompt", "files", "tests"))
+    reward = RewardScript.objects.filter(owner=user, name=REPO_REWARD).first() or services.create_reward_script(
+        user, name=REPO_REWARD, source=(REPO_TASKS / "reward.py").read_text(),
+        description="The fraction of the task's hidden checks that pass on the agent's final files")
+    return dataset, reward
 
 
 def start_demo_run(user) -> Run:
@@ -63,7 +82,8 @@ def first_superuser():
 
 
 class Command(BaseCommand):
-    help = ("Create the arithmetic demo (harness, dataset, reward script) for a user; existing ones are kept. "
+    help = ("Create the arithmetic demo (harness, dataset, reward script) and the repository task suite (dataset, "
+            "reward script) for a user; existing ones are kept. "
             "With --start-run, also start the demo run and print its URL.")
 
     def add_arguments(self, parser):
@@ -84,10 +104,12 @@ class Command(BaseCommand):
             raise CommandError(f"no user named {username!r}" if username else
                                "no superuser yet: start the app once (`./lw up`) or pass --username")
         ensure_demo(user)
+        ensure_repo_suite(user)
         preset = demo_preset()
         if options.get("verbosity", 1):
             self.stdout.write(f"Demo ready: harness {preset['harness']!r}, dataset {preset['dataset']!r}, "
-                              f"reward {preset['reward_script']!r}")
+                              f"reward {preset['reward_script']!r}; repository suite: dataset {REPO_DATASET!r}, "
+                              f"reward {REPO_REWARD!r}")
         if start_run:
             try:
                 run = start_demo_run(user)
