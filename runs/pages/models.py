@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from runs import model_imports
@@ -22,21 +22,35 @@ class TinyImportForm(forms.Form):
                               help_text="Weights are random but fixed by the seed: the same seed gives the same model.")
 
 
-class SmolImportForm(forms.Form):
+class GGUFImportForm(forms.Form):
+    """A GGUF import (SmolLM2, Gemma 3): its registry name is fixed, only the saved weights' dtype is chosen."""
+
     dtype = forms.ChoiceField(label="Weight type", choices=[(d, d) for d in model_imports.DTYPES], initial="bfloat16",
                               help_text="dtype of the saved weights.")
 
 
-FORMS = {"tiny": TinyImportForm, "smollm2": SmolImportForm}
+FORMS = {"tiny": TinyImportForm, "smollm2": GGUFImportForm, "gemma3": GGUFImportForm}
+GGUF_CARDS = {"smollm2": ("SmolLM2-135M-Instruct", "About a minute."),
+              "gemma3": ("Gemma 3 270M (base)", "One to two minutes. The base model, given Gemma's turn format: it "
+                                                "follows a format best with demonstration turns in the prompt.")}
+"""Title and note of each GGUF import's card on the page, in page order."""
+
+
+def import_form(kind: str, data=None) -> forms.Form:
+    """The import form of `kind`; the GGUF cards share one form class, so their field ids carry the kind."""
+    return FORMS[kind](data, auto_id="id_%s" if kind == "tiny" else f"id_{kind}_%s")
 
 
 @login_required
 def model_list(request, forms_by_kind=None):
-    forms_by_kind = {kind: form() for kind, form in FORMS.items()} | (forms_by_kind or {})
+    forms_by_kind = {kind: import_form(kind) for kind in FORMS} | (forms_by_kind or {})
     models = [{**info.to_dict(), "params_human": human_count(info.params)} for info in registered_models()]
+    gguf_cards = [{"kind": kind, "title": title, "note": note, "form": forms_by_kind[kind],
+                   "registry_name": model_imports.GGUF_IMPORTS[kind][0], "description": model_imports.KINDS[kind],
+                   "action": reverse(f"model-import-{kind}")} for kind, (title, note) in GGUF_CARDS.items()]
     return render(request, "resources/model_list.html", {
         "models": models, "imports": model_imports.recent_statuses(), "forms": forms_by_kind,
-        "smollm2_name": model_imports.SMOLLM2, "kinds": model_imports.KINDS,
+        "gguf_cards": gguf_cards, "kinds": model_imports.KINDS,
     })
 
 
@@ -44,7 +58,7 @@ def model_list(request, forms_by_kind=None):
 @require_POST
 def model_import(request, kind: str):
     """Start an import; a taken name or a running import of it is refused beside the form, with the reason."""
-    form = FORMS[kind](request.POST)
+    form = import_form(kind, request.POST)
     if not form.is_valid():
         return model_list(request, {kind: form})
     try:
@@ -83,5 +97,6 @@ urlpatterns = [
     path("models/", model_list, name="model-list"),
     path("models/import/tiny/", model_import, {"kind": "tiny"}, name="model-import-tiny"),
     path("models/import/smollm2/", model_import, {"kind": "smollm2"}, name="model-import-smollm2"),
+    path("models/import/gemma3/", model_import, {"kind": "gemma3"}, name="model-import-gemma3"),
     path("models/imports/status/", model_import_status, name="model-import-status"),
 ]

@@ -76,6 +76,7 @@ def posts(o):
         ("reward-test", reverse("reward-test"), {"source": "def reward(t, o):\n    return 1\n"}),
         ("model-import-tiny", reverse("model-import-tiny"), {"name": "t2"}),
         ("model-import-smollm2", reverse("model-import-smollm2"), {}),
+        ("model-import-gemma3", reverse("model-import-gemma3"), {}),
         ("logout", reverse("logout"), {}),
     ]
 
@@ -125,7 +126,7 @@ def test_another_user_gets_404_on_every_object_page_and_cannot_post(alice, bob, 
     before = snapshot()
     for name, url, data in posts(objects):
         if name in ("run-new", "harness-new", "dataset-new", "reward-new", "reward-test", "run-demo", "logout",
-                    "model-import-tiny", "model-import-smollm2", "runs-bulk-cancel"):
+                    "model-import-tiny", "model-import-smollm2", "model-import-gemma3", "runs-bulk-cancel"):
             continue  # not about one of alice's objects (bulk cancel: below)
         assert client.post(url, data).status_code == 404, f"bob {name}"
     response = client.post(reverse("runs-bulk-cancel"), {"ids": [objects["run"].pk]})

@@ -136,6 +136,28 @@ def test_a_failed_import_shows_its_error_and_may_be_retried(alice_client, regist
     assert model_imports.read_status(name)["options"] == {"dtype": "bfloat16"}
 
 
+def test_the_gemma3_import_is_queued_under_its_fixed_name_and_runs_its_importer(alice_client, registry, queued):
+    page = alice_client.get("/models/").content.decode()
+    assert 'action="/models/import/gemma3/"' in page and "<code>gemma3-270m</code>" in page
+    assert 'id="id_gemma3_dtype"' in page and 'id="id_smollm2_dtype"' in page  # one form class, distinct ids
+    assert alice_client.post("/models/import/gemma3/", {"dtype": "float32"}).status_code == 302
+    name, import_id, queue = queued[0]
+    assert (name, queue) == ("gemma3-270m", "default")
+    assert model_imports.read_status(name)["kind"] == "gemma3"
+
+    def fake_import(out, dtype, progress, name):
+        progress(f"[4/4] writing {dtype}")
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        return out
+
+    with mock.patch("trainer.models.import_gemma3_270m", side_effect=fake_import) as importer:
+        assert tasks.import_model(name, import_id) == "done"
+    assert importer.call_args.kwargs["dtype"] == "float32" and (registry / name / "config.json").is_file()
+    assert model_imports.read_status(name)["log"] == ["importing gemma3-270m (one to two minutes)",
+                                                      "[4/4] writing float32", "moving the model into the registry"]
+
+
 def test_a_lost_import_counts_as_failed(alice_client, registry, queued):
     alice_client.post("/models/import/tiny/", {"name": "stuck", "seed": "0"})
     status = model_imports.read_status("stuck")
