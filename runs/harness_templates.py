@@ -23,9 +23,11 @@ from django.conf import settings
 from django.db import transaction
 
 from runs.models import Harness
+from trainer.config import ConfigError, TrainerConfig
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "examples" / "harnesses"
 REQUIRED = ("slug", "title", "description", "tool", "api", "streaming", "command", "env", "timeout_s")
+PRESET_KEYS = ("model", "dataset", "reward_script", "config")
 _TOKEN = re.compile(r"\$\{(python|here|tools)\}")
 
 
@@ -61,6 +63,12 @@ class Template:
     def example_task(self) -> dict[str, Any] | None:
         return self.raw.get("example_task")
 
+    @property
+    def preset(self) -> dict[str, Any] | None:
+        """The run this template is tuned for, when it has one: {"model", "dataset", "reward_script", "notes",
+        "config"} (a TrainerConfig as JSON): the context length, sampling and sizes that fit its model here."""
+        return self.raw.get("preset")
+
     def installed_version(self) -> str | None:
         """The version scripts/install-harnesses recorded for this template's agent, or None when it is missing."""
         return installed_versions().get(self.tool)
@@ -93,8 +101,22 @@ def _read(path: Path) -> Template:
         raise TemplateError(f"{path}: env must map names to strings")
     if not (isinstance(raw.get("read_only", []), list) and all(isinstance(p, str) for p in raw.get("read_only", []))):
         raise TemplateError(f"{path}: read_only must be a list of paths")
+    _check_preset(path, raw.get("preset"))
     return Template(raw["slug"], raw["title"], raw["description"], raw["tool"], raw["api"], bool(raw["streaming"]),
                     path.resolve(), raw)
+
+
+def _check_preset(path: Path, preset: Any) -> None:
+    if preset is None:
+        return
+    missing = [key for key in PRESET_KEYS if not isinstance((preset or {}).get(key) if isinstance(preset, dict)
+                                                            else None, (str, dict))]
+    if missing:
+        raise TemplateError(f"{path}: preset needs {', '.join(missing)}")
+    try:
+        TrainerConfig.from_dict(preset["config"])
+    except ConfigError as exc:
+        raise TemplateError(f"{path}: preset config: {exc}") from exc
 
 
 @cache

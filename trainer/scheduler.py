@@ -399,6 +399,7 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
     later = [kind for calls in drift.values() for seq, kind in sorted(calls.items())[1:]]  # first call: nothing to drift from
     staleness = [t.staleness for t in trained] or [0]
     completion = [sum(len(c.completion_ids) for c in r.calls) for r in rollouts]
+    context = [len(c.prompt_ids) + len(c.completion_ids) for r in rollouts for c in r.calls] or [0]
     metrics = {
         "reward/mean": mean, "reward/std": std,
         "reward/pass_rate": sum(x >= pass_threshold for x in rewards) / len(rewards),
@@ -407,6 +408,8 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
         "rollout/infra_failures": float(sum(r.failure_kind == INFRA_FAILURE for r in rollouts)),
         "rollout/calls_mean": sum(len(r.calls) for r in rollouts) / len(rollouts),
         "length/completion_tokens_mean": sum(completion) / len(completion),
+        "length/context_tokens_mean": sum(context) / len(context),  # one call's prompt + completion
+        "length/context_tokens_max": float(max(context)),
         "length/sample_tokens_mean": (sum(len(t.sample.token_ids) for t in trained) / len(trained)) if trained else 0.0,
         "staleness/mean": sum(staleness) / len(staleness), "staleness/max": max(staleness),
     }

@@ -47,6 +47,8 @@ class Args:
     model: str
     mode: str
     timeout_s: float
+    options: dict[str, Any]
+    """The runner's own options (parse_args's `extra`), by destination name."""
 
     @property
     def root_url(self) -> str:
@@ -54,7 +56,9 @@ class Args:
         return self.base_url.rstrip("/").removesuffix("/v1")
 
 
-def parse_args(modes: tuple[str, ...] = ("default",), argv: list[str] | None = None) -> Args:
+def parse_args(modes: tuple[str, ...] = ("default",), argv: list[str] | None = None,
+               extra: dict[str, dict[str, Any]] | None = None) -> Args:
+    """The placeholders every runner takes, plus `extra` ({"--flag": argparse keyword arguments}) of its own."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
@@ -65,9 +69,13 @@ def parse_args(modes: tuple[str, ...] = ("default",), argv: list[str] | None = N
     parser.add_argument("--mode", default=modes[0], choices=modes)
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("LIGHTNING_AGENT_TIMEOUT_S", 540)),
                         help="seconds the agent may run (keep it under the harness timeout)")
+    for flag, kwargs in (extra or {}).items():
+        parser.add_argument(flag, **kwargs)
     ns = parser.parse_args(argv)
+    own = {action.dest for action in parser._actions if action.option_strings and
+           any(flag in action.option_strings for flag in (extra or {}))}
     return Args(json.loads(ns.task.read_text()), ns.out, ns.workdir.resolve(), ns.base_url, ns.api_key, ns.model,
-                ns.mode, ns.timeout)
+                ns.mode, ns.timeout, {dest: getattr(ns, dest) for dest in own})
 
 
 def prompt_of(task: dict[str, Any]) -> str:
@@ -153,10 +161,11 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
 def changes(repo: Path) -> tuple[str, dict[str, str]]:
     """(git diff of the working tree against the task commit, new files included; {path: text} changed)."""
     _git(repo, "add", "-A")
-    diff = _git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "HEAD")
+    # --no-renames: a moved file is a deletion plus an addition, so its new text is among the changed files.
+    diff = _git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-renames", "HEAD")
     files: dict[str, str] = {}
     budget = FILES_LIMIT_BYTES
-    for rel in _git(repo, "diff", "--cached", "--name-only", "--diff-filter=AM", "HEAD").splitlines():
+    for rel in _git(repo, "diff", "--cached", "--name-only", "--no-renames", "--diff-filter=AM", "HEAD").splitlines():
         path = repo / rel
         try:
             text = path.read_text()

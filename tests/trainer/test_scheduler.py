@@ -187,6 +187,8 @@ async def test_it_measures_drift_lengths_and_the_time_split():
     m = reports[0].metrics
     assert (m["drift/clean_rate"], m["drift/fork_rate"], m["drift/realign_rate"]) == (0.5, 0.5, 0.0)
     assert m["length/completion_tokens_mean"] == 4
+    assert m["length/context_tokens_mean"] == (3 + 6 + 2) / 3  # per call: prompt + completion
+    assert m["length/context_tokens_max"] == 6
     assert m["length/sample_tokens_mean"] == (6 + 2) / 2
     assert m["rollout/calls_mean"] == 3
     assert m["train/samples"] == 8

@@ -24,7 +24,14 @@ MODES = {"tools": ("mini.yaml", "litellm"), "text": ("mini_textbased.yaml", "lit
 _YAML_UNSAFE = re.compile("[^\t\n\r\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """Characters YAML does not read back as themselves inside a double-quoted string."""
 STEP_LIMIT = 40
-"""Model calls the agent may make before it stops with LimitsExceeded."""
+"""Model calls the agent may make before it stops with LimitsExceeded (default of --step-limit)."""
+OPTIONS = {
+    "--step-limit": {"type": int, "default": STEP_LIMIT, "help": "model calls before the agent stops (LimitsExceeded)"},
+    "--max-tokens": {"type": int, "default": 0, "help": "max_tokens of each model call (0: the agent's default)"},
+    "--prompts": {"type": Path, "default": None,
+                  "help": "a config file of the agent's own format laid over the mode's (e.g. small_model.yaml)"},
+}
+"""The preset's levers: all are the agent's own settings (its config file), nothing in its protocol changes."""
 OFFLINE_ENV = {
     "MSWEA_CONFIGURED": "true",  # skip the first-run setup wizard (it would prompt)
     "MSWEA_SILENT_STARTUP": "1",
@@ -40,11 +47,14 @@ OFFLINE_ENV = {
 def rollout_config(args, repo: Path, path: Path) -> Path:
     """This rollout's settings on top of the mode's config, as a file (JSON is YAML): the task travels there and
     not on the command line (no argv length limit); the API key goes by OPENAI_API_KEY (mini prints its config)."""
+    model_kwargs = {"api_base": args.base_url}
+    if args.options["max_tokens"]:
+        model_kwargs["max_tokens"] = args.options["max_tokens"]
     config = {
         "run": {"task": prompt_of(args.task)},
         "model": {"model_name": f"openai/{args.model}", "model_class": MODES[args.mode][1],
-                  "model_kwargs": {"api_base": args.base_url}},
-        "agent": {"step_limit": STEP_LIMIT, "cost_limit": 0},
+                  "model_kwargs": model_kwargs},
+        "agent": {"step_limit": args.options["step_limit"], "cost_limit": 0},
         "environment": {"cwd": str(repo)},
     }
     path.write_text(yaml_safe_json(config))
@@ -60,8 +70,9 @@ def yaml_safe_json(data: Any) -> str:
 
 def command(args, repo: Path, state: Path, trajectory: Path) -> list[str]:
     own = rollout_config(args, repo, state / "rollout.yaml")
+    prompts = ["-c", str(args.options["prompts"])] if args.options["prompts"] else []
     return [str(tool("mini-swe-agent", "bin", "mini")), "--yolo", "--exit-immediately", "--output", str(trajectory),
-            "-c", MODES[args.mode][0], "-c", str(own)]
+            "-c", MODES[args.mode][0], *prompts, "-c", str(own)]
 
 
 def final_message(trajectory: dict[str, Any]) -> str:
@@ -73,6 +84,15 @@ def final_message(trajectory: dict[str, Any]) -> str:
     return next((text for text in reversed(texts) if isinstance(text, str) and text.strip()), "")
 
 
+def reply_counts(trajectory: dict[str, Any]) -> tuple[int, int]:
+    """(commands the agent accepted and ran, replies it refused as format errors), from its trajectory: an
+    accepted reply is an assistant message carrying actions, a refused one a FormatError interrupt."""
+    messages = [m for m in trajectory.get("messages", []) if isinstance(m, dict)]
+    commands = sum(len((m.get("extra") or {}).get("actions") or []) for m in messages if m.get("role") == "assistant")
+    errors = sum((m.get("extra") or {}).get("interrupt_type") == "FormatError" for m in messages)
+    return commands, errors
+
+
 def read_trajectory(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -81,7 +101,7 @@ def read_trajectory(path: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = parse_args(tuple(MODES))
+    args = parse_args(tuple(MODES), extra=OPTIONS)
     repo = prepare_repo(args.workdir, args.task)
     state = args.workdir / "state"
     trajectory_path = state / "trajectory.json"
@@ -90,9 +110,11 @@ def main() -> None:
     finished = run_agent(command(args, repo, state, trajectory_path), repo, env, args.timeout_s)
     trajectory = read_trajectory(trajectory_path)
     info = trajectory.get("info") or {}
+    commands, format_errors = reply_counts(trajectory)
     outcome = write_outcome(args, repo, finished, final_message(trajectory),
                             agent_exit_status=info.get("exit_status", ""),
-                            model_calls=(info.get("model_stats") or {}).get("api_calls"))
+                            model_calls=(info.get("model_stats") or {}).get("api_calls"),
+                            commands=commands, format_errors=format_errors)
     finish(outcome, finished)
 
 
