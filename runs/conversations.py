@@ -12,6 +12,7 @@ turn anything unknown into a note instead of dropping it.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from functools import cached_property
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool", "note")
+_COMMAND_BLOCK = re.compile(r"```(?:mswea_bash_command|bash|sh|shell)[ \t]*\n(.*?)\n?```", re.S)
+_COMMAND_RESULT = re.compile(r"\s*(?:<exception>.*?</exception>\s*)?<returncode>(-?\d+)</returncode>\s*"
+                             r"<output>\n?(.*?)</output>", re.S)
 _TEXT_PARTS = ("text", "input_text", "output_text", "refusal", "summary_text", "reasoning_text")
 
 
@@ -64,6 +68,21 @@ class Turn:
     def key(self) -> tuple:
         """What makes two turns the same turn (a later call's context repeating an earlier call's turns)."""
         return (self.role, self.text, tuple(c.key for c in self.tool_calls), self.tool_call_id)
+
+    @cached_property
+    def commands(self) -> tuple[str, ...]:
+        """Shell commands an assistant wrote as fenced blocks (text-based agents: mini-SWE-agent's
+        ```mswea_bash_command, or ```bash / ```sh), in order; () for other turns."""
+        if self.role != "assistant" or "```" not in self.text:
+            return ()
+        return tuple(m.group(1).strip("\n") for m in _COMMAND_BLOCK.finditer(self.text))
+
+    @cached_property
+    def command_output(self) -> tuple[str, str] | None:
+        """(exit status, output) when this turn hands a command's result back to a text-based agent
+        (`<returncode>N</returncode>` then `<output>...</output>`, as mini-SWE-agent writes it)."""
+        match = _COMMAND_RESULT.match(self.text) if self.role in ("user", "tool") else None
+        return (match.group(1), match.group(2).strip("\n")) if match else None
 
 
 @dataclass(frozen=True)

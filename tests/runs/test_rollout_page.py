@@ -251,3 +251,60 @@ def test_a_rollout_without_calls_or_task(client, alice, make_run):
     assert 'id="rollout-no-calls"' in html and "The task was deleted." in html
     assert 'class="status status-pending">pending</span>' in html
     assert 'id="no-tools"' in html and 'id="prev-in-group"' not in html
+
+
+def text_agent_calls(rollout_id: int) -> list[RecordedCall]:
+    """A text-based agent (mini-SWE-agent's protocol): call 0 writes a fenced command, call 1 reads its output back
+    and submits, call 2 is a side request with a context of its own (a fork)."""
+    def chat(seq, messages, reply):
+        return RecordedCall(
+            rollout_id=str(rollout_id), seq=seq, api="chat", request={"model": "policy", "messages": messages},
+            response={"id": f"c{seq}", "object": "chat.completion", "model": "policy", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]},
+            upstream_request={}, prompt_ids=list(range(50 + 20 * seq)), completion_ids=[1, 2, 3], logprobs=[0.0] * 3,
+            finish_reason="stop", status_code=200, latency_ms=100.0, policy_version=0, error=None, stream=False,
+            started_at=0.0)
+
+    first = "THOUGHT: I look.\n```mswea_bash_command\ncat calc.py <x>\n```"
+    history = [{"role": "system", "content": "You are a shell agent."}, {"role": "user", "content": "Fix calc.py."}]
+    result = "<returncode>1</returncode>\n<output>\ndef add(a, b):\n    return a - b\n</output>"
+    return [chat(0, history, first),
+            chat(1, history + [{"role": "assistant", "content": first}, {"role": "user", "content": result}],
+                 "THOUGHT: Done.\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"),
+            chat(2, [{"role": "user", "content": "Name this session."}], "Fixing calc")]
+
+
+def test_a_text_agents_commands_outputs_and_fork_are_marked(client, alice, make_run):
+    from runs.models import ModelCall
+
+    run = make_run(alice)
+    rollout, _ = rollout_services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=1, group=0,
+                                                 attempt=0)
+    rollout_services.record_calls(text_agent_calls(rollout.pk))
+    ModelCall.objects.filter(rollout=rollout, seq=1).update(drift="clean")
+    ModelCall.objects.filter(rollout=rollout, seq=2).update(drift="fork")
+    client.force_login(alice)
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+
+    first, second, side = section(html, 0), section(html, 1), section(html, 2)
+    # Each fenced command is shown as a command (escaped), each output turn as the output of one, with its status.
+    assert '<pre class="command">$ cat calc.py &lt;x&gt;</pre>' in first
+    assert '<pre class="command">$ echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT</pre>' in second
+    assert '<span class="turn-badge command-result">command output · exit 1</span>' in second
+    assert "command-result" not in first and 'class="command"' not in side
+    # The side request is marked a fork in its header and in the call index; the clean call is not.
+    assert "fork: its own sample" in side and "fork: its own sample" not in second
+    index = html[html.index('id="rollout-calls"'):html.index('id="conversation"')]
+    assert index.count('<span class="badge fork"') == 1 and re.search(r'data-seq="1">.*?clean', index, re.S)
+
+
+def test_turn_command_parsing():
+    from runs.conversations import Turn
+
+    turn = Turn("assistant", "T\n```bash\nls -la\n```\nthen\n```mswea_bash_command\nsed -i 's/a/b/' f\n```")
+    assert turn.commands == ("ls -la", "sed -i 's/a/b/' f")
+    assert Turn("user", "```bash\nls\n```").commands == () and Turn("assistant", "no block").commands == ()
+    assert Turn("user", "<returncode>0</returncode>\n<output>\nx\n</output>").command_output == ("0", "x")
+    assert Turn("tool", "<exception>boom</exception>\n<returncode>-9</returncode>\n<output>\n</output>"
+                ).command_output == ("-9", "")
+    assert Turn("user", "Fix it").command_output is None
