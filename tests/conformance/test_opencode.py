@@ -7,7 +7,9 @@ for a session title, under its own system prompt ("You are a title generator") a
 first, so it is the rollout's first call (clean) and trains as a sample of its own. The second is the agent's
 first turn, with the build agent's system prompt and nine tools (bash, edit, glob, grep, read, skill, task, todowrite,
 write): it extends nothing before it (another system prompt), so it forks a new sample, and gets the bash call. The
-third sends the history back and gets DONE.
+third sends the history back and gets DONE. opencode-chat lays its small-model overlay (small_model.json) over the
+config: its agent turns carry four tools (bash, edit, read, write) and the overlay's short prompts; nothing else
+changes.
 
 OpenCode re-serialises the call's arguments compactly ({"command":"sed ..."}, where the engine wrote
 {"command": "sed ..."}) in chat and responses modes; in anthropic mode it sends them as an object that the proxy
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.conformance
 COMMAND = "sed -i 's/draft/final/' notes.txt"
 TITLE_PROMPT = "You are a title generator."
 TOOLS = ["bash", "edit", "glob", "grep", "read", "skill", "task", "todowrite", "write"]
+SMALL_MODEL_TOOLS = {"opencode-chat": ["bash", "edit", "read", "write"]}
+"""The tools a template's overlay leaves on (slug -> names); the others send OpenCode's stock TOOLS."""
 MODES = {
     "opencode-chat": ("chat", '{"command":"sed -i \'s/draft/final/\' notes.txt"}'),
     "opencode-responses": ("responses", '{"command":"sed -i \'s/draft/final/\' notes.txt"}'),
@@ -66,7 +70,8 @@ def test_opencode_edits_the_file_and_its_title_request_trains_apart(slug, run_te
     titles = [c for c in result.calls if is_title(c)]
     agent = [c for c in result.calls if not is_title(c)]
     assert len(titles) == 1 and "tools" not in titles[0].upstream_request
-    assert [sorted(t["function"]["name"] for t in c.upstream_request["tools"]) for c in agent] == [TOOLS] * 2
+    assert [sorted(t["function"]["name"] for t in c.upstream_request["tools"]) for c in agent] == [
+        SMALL_MODEL_TOOLS.get(slug, TOOLS)] * 2
     assert [tool_calls(c) for c in agent] == [[("bash", {"command": COMMAND})], []]
     assert sent_back_arguments(agent[1]) == [arguments_back]
     assert result.outcome["final_message"] == "DONE"

@@ -62,6 +62,9 @@ def test_installed_version_comes_from_the_tools_folder(templates_dir, settings):
     ({"command": []}, "command must be a non-empty list of strings"),
     ({"env": {"A": 1}}, "env must map names to strings"),
     ({"slug": None, "title": None}, "missing slug, title"),
+    ({"preset": {"model": "m", "dataset": "d", "config": {}}}, "preset needs reward_script"),
+    ({"preset": {"model": "m", "dataset": "d", "reward_script": "r", "config": {"steps": 0}}}, "preset config: "),
+    ({"preset": {"model": "m", "dataset": "d", "reward_script": "r", "config": {"temprature": 1}}}, "temprature"),
 ])
 def test_a_broken_template_is_refused_naming_its_file(templates_dir, change, message):
     broken = {k: v for k, v in {**TEMPLATE, **change}.items() if v is not None}
@@ -131,3 +134,26 @@ def test_every_shipped_template_is_valid_and_runs_a_runner_that_exists():
         assert "{api_key}" not in fields["command"], template.slug
         assert template.api in {"chat", "completions", "responses", "messages"}, template.slug
         assert template.example_task and template.example_task.get("prompt"), template.slug
+
+
+def test_a_templates_preset_names_what_it_trains_on_and_a_valid_config(templates_dir):
+    preset = {"model": "m", "dataset": "d", "reward_script": "r", "notes": "n", "config": {"steps": 3}}
+    (templates_dir / "toy" / "toy.harness.json").write_text(json.dumps({**TEMPLATE, "preset": preset}))
+    assert harness_templates.load("toy").preset == preset
+
+
+def test_the_real_agent_presets_train_on_the_repository_suite():
+    """mini-SWE-agent's and OpenCode's chat templates carry the run they were measured with; the names are the ones
+    `up` loads (runs.management.commands.load_demo.ensure_repo_suite)."""
+    from runs.management.commands.load_demo import REPO_DATASET, REPO_REWARD
+    from trainer.config import TrainerConfig
+
+    harness_templates.templates.cache_clear()
+    for slug in ("mini-swe-agent-text", "opencode-chat"):
+        preset = harness_templates.load(slug).preset
+        assert (preset["dataset"], preset["reward_script"]) == (REPO_DATASET, REPO_REWARD), slug
+        config = TrainerConfig.from_dict(preset["config"])
+        assert config.eval_tasks > 0 and config.max_model_len <= 8192, slug
+    mini = harness_templates.load("mini-swe-agent-text").fields()["command"]
+    assert mini[mini.index("--prompts") + 1].endswith("mini_swe_agent/small_model.yaml")
+    assert int(mini[mini.index("--timeout") + 1]) < harness_templates.load("mini-swe-agent-text").fields()["timeout_s"]

@@ -116,7 +116,7 @@ def test_mini_swe_agent_template_trains_on_the_repository_suite(alice, tmp_path,
         for call in calls:  # the engine's own token ids and sampled-token logprobs, kept per call
             assert call.status_code == 200 and call.prompt_ids and call.completion_ids
             assert len(call.logprobs) == len(call.completion_ids)
-            assert call.request["max_tokens"] == 192  # the template's --max-tokens reached the engine
+            assert call.request["max_tokens"] == 128  # the template's --max-tokens reached the engine
             assert call.request["messages"][0]["content"] == prompts()[0].strip()  # the template's prompts
         # The reward is the suite's: the hidden checks ran on the agent's final files, their fraction passed.
         detail = rollout.reward_detail

@@ -10,6 +10,12 @@ npm runs offline (OpenCode installs its plugin package into its config folder in
 fails at once, harmlessly), and the tools folder's ripgrep is on PATH, so nothing but the proxy is contacted
 (measured with strace in all three modes: only connections to the proxy). `opencode run --format json` prints one
 JSON event a line; the final message is the text of the last step's text parts.
+
+The preset's levers (OPTIONS) are OpenCode's own settings, in its config file: --overlay lays a config of its own
+format (e.g. small_model.json: a short build-agent prompt, four tools, a step limit) over the generated one, and
+--output-tokens / --context-tokens give the rollout's model its `limit` (OpenCode otherwise asks for 32,000 output
+tokens a call, more than a small engine's context holds), and --title-tokens gives the title side request a smaller
+one (small_model becomes a second entry for the same served model). Nothing in the protocol changes.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import harness_common as hc  # noqa: E402
 
 PROVIDER = "lightning"
+TITLE_SUFFIX = "#title"
+"""The title model's config key: the rollout's model (its `id`, what the request names) with a limit of its own."""
 PACKAGES = {"chat": "@ai-sdk/openai-compatible", "responses": "@ai-sdk/openai", "anthropic": "@ai-sdk/anthropic"}
 """The AI SDK package OpenCode speaks each mode with (the Anthropic one appends /messages to a base ending in /v1)."""
 SWITCHES = {
@@ -38,8 +46,53 @@ RIPGREP = ("node", "node_modules", "@openai", "codex-linux-x64", "vendor", "x86_
 download one from GitHub."""
 
 
+OPTIONS = {
+    "--overlay": {"type": Path, "default": None,
+                  "help": "an OpenCode config file (JSON) deep-merged over the generated one (e.g. small_model.json)"},
+    "--output-tokens": {"type": int, "default": 0,
+                        "help": "the model's limit.output: max_tokens of each call (0: OpenCode's default, 32000)"},
+    "--context-tokens": {"type": int, "default": 0,
+                         "help": "the model's limit.context, with --output-tokens (0: unknown, no compaction)"},
+    "--title-tokens": {"type": int, "default": 0,
+                       "help": "max_tokens of the title side request (0: the model's own limit)"},
+}
+"""The preset's levers: all are OpenCode's own config settings, nothing in its protocol changes."""
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on it: objects merge key by key, anything else (lists too) is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = (deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict)
+                       else value)
+    return merged
+
+
 def config(args: hc.Args) -> dict[str, Any]:
-    """OpenCode's config: the proxy as its one provider, everything that would reach out turned off."""
+    """OpenCode's config: the proxy as its one provider, everything that would reach out turned off, then the
+    options: the model's token limits and the overlay file (which may change anything, the provider too)."""
+    generated = base_config(args)
+    options = args.options
+    if options.get("output_tokens"):
+        limit = {"context": options.get("context_tokens") or 0, "output": options["output_tokens"]}
+        generated["provider"][PROVIDER]["models"][args.model]["limit"] = limit
+    if options.get("title_tokens"):
+        # The title comes from small_model: the same served model under a second entry with its own output limit.
+        title = f"{args.model}{TITLE_SUFFIX}"
+        generated["provider"][PROVIDER]["models"][title] = {
+            "id": args.model, "name": args.model, "tool_call": True,
+            "limit": {"context": options.get("context_tokens") or 0, "output": options["title_tokens"]}}
+        generated["small_model"] = f"{PROVIDER}/{title}"
+    if options.get("overlay"):
+        overlay = json.loads(Path(options["overlay"]).read_text())
+        if not isinstance(overlay, dict):
+            raise SystemExit(f"{options['overlay']}: an overlay must be a JSON object")
+        generated = deep_merge(generated, overlay)
+    return generated
+
+
+def base_config(args: hc.Args) -> dict[str, Any]:
+    """The generated config, before the options."""
     model = f"{PROVIDER}/{args.model}"
     return {
         "provider": {PROVIDER: {
@@ -85,7 +138,7 @@ def search_path() -> str:
 
 
 def main() -> None:
-    args = hc.parse_args(tuple(PACKAGES))
+    args = hc.parse_args(tuple(PACKAGES), extra=OPTIONS)
     repo = hc.prepare_repo(args.workdir, args.task)
     config_file = args.workdir / "state" / "opencode.json"
     env = hc.private_env(args.workdir, {**SWITCHES, "OPENCODE_CONFIG": str(config_file), "PATH": search_path()})
