@@ -51,6 +51,8 @@ PRESET = REPO / "examples" / "arith" / "preset.json"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 FINISHED = ("succeeded", "failed", "cancelled")
+ATTEMPTS = 6
+"""Tries of a GET the app does not answer in time (60 s each, 5-30 s apart)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,19 @@ class Api:
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         request = urllib.request.Request(self.url + "/api/v1/" + path, data=data, headers=headers,
                                          method="POST" if data is not None else "GET")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise SystemExit(f"{request.method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+        for attempt in range(ATTEMPTS):
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                raise SystemExit(f"{request.method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+            except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
+                # A 2-core machine busy with the run itself can keep the app from answering for a while: a
+                # read is retried (never a POST, which may have been done), and the run goes on regardless.
+                if data is not None or attempt == ATTEMPTS - 1:
+                    raise
+                print(f"  ({request.method} {path}: {exc}; retrying in {5 * (attempt + 1)} s)", flush=True)
+                time.sleep(5 * (attempt + 1))
 
     def every(self, path: str) -> list[dict]:
         """All rows of a paginated list."""

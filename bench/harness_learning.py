@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from demo_learning import Api, App, curve, export_png, follow, print_curve  # noqa: E402
+from demo_learning import FINISHED, Api, App, curve, export_png, follow, print_curve  # noqa: E402
 
 TEMPLATES = REPO / "examples" / "harnesses"
 IMPORTS = {"gemma3-270m": "gemma3", "smollm2-135m-instruct": "smollm2"}
@@ -147,8 +147,10 @@ def main() -> None:
                        args.png or REPO / "docs" / f"harness-{args.harness}-curve.png")
     finally:
         app.stop()
-        if args.data_dir is None:
+        if args.data_dir is None and status.get("status") in FINISHED:
             shutil.rmtree(data_dir, ignore_errors=True)
+        elif args.data_dir is None:
+            print(f"kept {data_dir} (the bench stopped before the run ended): its database and logs")
     evals = [(m, v) for m, _, v in points if "eval/pass@1" in v]
     steps_done = [v["time/step"] for _, _, v in points if "time/step" in v]
     step_s = sorted(steps_done)[len(steps_done) // 2] if steps_done else float("nan")
