@@ -80,7 +80,9 @@ def test_up_serves_the_app_and_runs_the_worker(fresh_env, tmp_path):
             assert "<h1>Runs</h1>" in page.text and '<span class="who">admin</span>' in page.text
             api = {"Authorization": f"Token {token}"}
             demo = http.get("/api/v1/datasets/", headers=api).json()["results"]
-            assert [d["name"] for d in demo] == ["arith-word-problems"] and demo[0]["train_count"] == 400
+            # The demo and the repository task suite (examples/repo_tasks), loaded for the first user.
+            assert {d["name"]: (d["train_count"], d["val_count"]) for d in demo} == {
+                "arith-word-problems": (400, 100), "repo-tasks": (240, 91)}
             models = http.get("/api/v1/models/", headers=api).json()
             assert [(m["name"], m["origin"]) for m in models] == [("smollm2-135m-instruct", "smollm2-gguf")]
             harness = http.post("/api/v1/harnesses/", headers=api, json={"name": "echo", "command": ["echo", "{task_file}"]})
