@@ -71,10 +71,11 @@ def summed(points, name: str) -> float:
 
 
 def drift_clean(points) -> float:
-    """Of the later calls of every rollout (a first call has nothing to extend), the fraction merged clean."""
-    kinds = {kind: summed(points, f"drift/{kind}_count") for kind in ("clean", "realign", "fork")}
-    total = sum(kinds.values())
-    return kinds["clean"] / total if total else float("nan")
+    """Of the trained calls that continue an earlier call's context, the fraction merged clean (token for token)
+    rather than realigned. A fork (a new context: OpenCode's title request, a compaction, a reply the agent
+    dropped) is not a merge and is counted apart (`forks`); a rollout's first call has nothing to extend."""
+    clean, realign = summed(points, "drift/clean_count"), summed(points, "drift/realign_count")
+    return clean / (clean + realign) if clean + realign else float("nan")
 
 
 def time_split(points) -> str:
@@ -155,6 +156,8 @@ def main() -> None:
     steps_done = [v["time/step"] for _, _, v in points if "time/step" in v]
     step_s = sorted(steps_done)[len(steps_done) // 2] if steps_done else float("nan")
     common = (f"harness={args.harness} steps={len(steps_done)} drift_clean={drift_clean(points):.3f} "
+              f"merges={summed(points, 'drift/clean_count') + summed(points, 'drift/realign_count'):.0f} "
+              f"forks={summed(points, 'drift/fork_count'):.0f} "
               f"infra_failures={summed(points, 'rollout/infra_failures'):.0f} step_s_median={step_s:.1f}")
     if len(evals) < 2:
         print(f"RESULT {common} status={status['status']} (fewer than two evaluations: no gain to report)")
