@@ -115,6 +115,14 @@ class Api:
                 return rows
             page = self.call(page["next"].split("/api/v1/", 1)[1])
 
+    def start_run(self, name: str, model: str, config: dict, harness: str, dataset: str,
+                  reward_script: str) -> tuple[dict, float]:
+        """POST /runs/ with the harness, dataset and reward script named ("clicking start"): (the run, when)."""
+        body = {"name": name, "model": model, "config": config, "harness": self.id_of("harnesses", harness),
+                "dataset": self.id_of("datasets", dataset), "reward_script": self.id_of("reward-scripts", reward_script)}
+        clicked = time.time()
+        return self.call("runs/", body), clicked
+
     def id_of(self, kind: str, name: str) -> int:
         for row in self.every(f"{kind}/"):
             if row["name"] == name:
@@ -293,12 +301,8 @@ def main() -> None:
         app.start()
         token = Api(app.url).call("auth/token/", form={"username": "admin", "password": app.password()})["token"]
         api = Api(app.url, token)
-        body = {"name": preset["name"], "model": preset["model"], "config": config,
-                "harness": api.id_of("harnesses", preset["harness"]),
-                "dataset": api.id_of("datasets", preset["dataset"]),
-                "reward_script": api.id_of("reward-scripts", preset["reward_script"])}
-        clicked = time.time()
-        run = api.call("runs/", body)
+        run, clicked = api.start_run(preset["name"], preset["model"], config, preset["harness"], preset["dataset"],
+                                     preset["reward_script"])
         print(f"run {run['id']}: {config['steps']} steps of {config['tasks_per_step']}x{config['group_size']}, "
               f"evaluations of {config['eval_tasks']} val tasks x ({config.get('eval_samples', 1)} sampled"
               f"{' + greedy' if config.get('eval_greedy') else ''}); budget {args.minutes:g} min", flush=True)

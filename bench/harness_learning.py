@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,11 +126,8 @@ def main() -> None:
         app.start()
         token = Api(app.url).call("auth/token/", form={"username": "admin", "password": app.password()})["token"]
         api = Api(app.url, token)
-        body = {"name": f"{args.harness} on {preset['dataset']}", "model": preset["model"], "config": config,
-                "harness": api.id_of("harnesses", args.harness), "dataset": api.id_of("datasets", preset["dataset"]),
-                "reward_script": api.id_of("reward-scripts", preset["reward_script"])}
-        clicked = time.time()
-        run = api.call("runs/", body)
+        run, clicked = api.start_run(f"{args.harness} on {preset['dataset']}", preset["model"], config,
+                                     args.harness, preset["dataset"], preset["reward_script"])
         print(f"run {run['id']}: {config['steps']} steps of {config['tasks_per_step']}x{config['group_size']} with "
               f"{args.harness} and {preset['model']}, evaluations of {config['eval_tasks']} val tasks x "
               f"{config.get('eval_samples', 1)}", flush=True)
