@@ -124,9 +124,12 @@ def step_data(run: Run, step: int) -> dict[str, Any]:
             {"id": s["id"], "index": s["index"], "advantage": s["advantage"], "build": s["build"],
              "policy_version": s["policy_version"], "staleness": step - 1 - s["policy_version"]})
     attempts = [_attempt(r, by_rollout.get(r["id"], []), failure_reward) for r in rollouts]
+    groups = _groups(attempts)
     return {"run": run.pk, "step": step, "legacy": legacy, "failure_reward": failure_reward,
+            "dynamic_sampling": bool(config.get("dynamic_sampling")),
+            "groups_dropped_no_signal": sum(g["dropped_no_signal"] for g in groups),
             "max_staleness": config.get("max_staleness"), "mode": config.get("mode"),
-            "groups": _groups(attempts), **_dropped(attempts, calls), "timeline": _timeline(run, step, attempts)}
+            "groups": groups, **_dropped(attempts, calls), "timeline": _timeline(run, step, attempts)}
 
 
 def _attempt(r: dict, samples: list[dict], failure_reward: float) -> dict[str, Any]:
@@ -155,6 +158,8 @@ def _groups(attempts: list[dict]) -> list[dict[str, Any]]:
         rewards = [a["trained_reward"] for a in g["attempts"] if a["counted"]]
         g["rewards"] = rewards
         g["no_signal"] = not rewards or max(rewards) == min(rewards)
+        # dynamic sampling dropped it: recorded with the step, never trained (another task took its place)
+        g["dropped_no_signal"] = any(a["drop_reason"].startswith("no_signal") for a in g["attempts"])
         g["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
     return list(groups.values())
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,13 @@ class TrainerConfig:
     """Async only: the most policy versions a trained sample may lag behind the policy it updates."""
     groups_in_flight: int = 0
     """Async only: most groups launched and not yet trained; 0 means tasks_per_step * (max_staleness + 1)."""
+    dynamic_sampling: bool = False
+    """Drop a finished group whose counted rewards are all equal (it gives GRPO nothing to learn from) and sample
+    another task in its place, until the step holds tasks_per_step groups with signal or its extra budget
+    (dynamic_sampling_max_extra) is spent; a dropped group's rollouts stay recorded, marked 'no_signal'."""
+    dynamic_sampling_max_extra: float = 2.0
+    """Dynamic sampling: the most groups one step may drop and replace, as a multiple of tasks_per_step (2.0: up
+    to twice the batch more). Once spent, the step trains the groups it has, signal or not."""
     pass_threshold: float = 1.0
     """A rollout with reward at least this counts as a pass in the pass-rate metric."""
     checkpoint_every: int = 5
@@ -131,6 +139,13 @@ class TrainerConfig:
     def sampling(self) -> dict[str, float | int]:
         """The sampling parameters the proxy puts on every engine call (whatever the harness asked for)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+    @property
+    def extra_groups_per_step(self) -> int:
+        """Groups one step may drop for lack of signal and replace (0 without dynamic sampling)."""
+        if not self.dynamic_sampling:
+            return 0
+        return math.ceil(self.dynamic_sampling_max_extra * self.tasks_per_step - 1e-9)
 
     @property
     def effective_max_staleness(self) -> int:
@@ -209,7 +224,8 @@ def _check_optimisation(c: TrainerConfig) -> None:
     if c.tis_cap != 0 and c.tis_cap < 1:
         raise ConfigError(f"tis_cap below 1 would down-weight even on-policy tokens, got {c.tis_cap}; "
                           "set tis_cap >= 1 or 0 to disable the correction")
-    for name in ("kl_coef", "max_grad_norm", "weight_decay", "adv_eps", "max_train_memory_gb"):
+    for name in ("kl_coef", "max_grad_norm", "weight_decay", "adv_eps", "max_train_memory_gb",
+                 "dynamic_sampling_max_extra"):
         if getattr(c, name) < 0:
             raise ConfigError(f"{name} must not be negative, got {getattr(c, name)}; set {name} >= 0")
     if c.updates_per_step > c.tasks_per_step * c.group_size:

@@ -129,6 +129,16 @@ class _Group:
         return len(self.results) >= self.request.size
 
 
+def no_signal_reason(rewards: Sequence[float], size: int) -> str:
+    """Why a finished group teaches a group-baseline estimator nothing ('' when it does): its counted rewards
+    (infrastructure failures left out) are all equal, or fewer than two of its attempts counted."""
+    if len(rewards) < 2:
+        return f"no_signal: {len(rewards)} of {size} attempts counted"
+    if max(rewards) > min(rewards):
+        return ""
+    return f"no_signal: every attempt scored {rewards[0]:g}"
+
+
 class Scheduler:
     """One loop for both modes: sync is async with staleness 0 and exactly one step of groups in flight."""
 
@@ -147,6 +157,7 @@ class Scheduler:
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
         self.on_checkpoint, self.on_phase, self._last_phase = on_checkpoint, on_phase, ""
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
+        self.no_signal: list[_Group] = []  # dropped by dynamic sampling since the last step (reported with the next)
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
         # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
@@ -172,7 +183,10 @@ class Scheduler:
                 await self._phase(f"step {self.policy.step + 1}: generating rollouts")
                 result = await self.source.next_finished()
                 if result.group_id in self.groups:
-                    self.groups[result.group_id].results.append(result)
+                    group = self.groups[result.group_id]
+                    group.results.append(result)
+                    if group.complete:
+                        self._drop_without_signal(group)
         finally:
             for group_id in list(self.groups):
                 await self.source.cancel(group_id)
@@ -194,6 +208,19 @@ class Scheduler:
             self.next_group_id += 1
             self.groups[request.group_id] = _Group(request)
             await self.source.launch(request)
+
+    def _drop_without_signal(self, group: _Group) -> None:
+        """Dynamic sampling: take a finished group without signal out of the step (its place is admitted anew by
+        the next `_admit`, with a new group id and so a new task) while the step's extra budget lasts."""
+        if len(self.no_signal) >= self.config.extra_groups_per_step or not self.signal_reason(group):
+            return
+        del self.groups[group.request.group_id]
+        self.no_signal.append(group)
+
+    def signal_reason(self, group: _Group) -> str:
+        """'' for a group with signal, else why it has none (see no_signal_reason)."""
+        counted = [self.reward_of(r) for r in group.results if r.failure_kind != INFRA_FAILURE]
+        return no_signal_reason(counted, group.request.size)
 
     def _ready_batch(self) -> list[_Group] | None:
         """Groups to train now: every overdue group (at the staleness bound) plus the oldest complete ones."""
@@ -232,9 +259,12 @@ class Scheduler:
         await self._phase(f"step {step}: training on {sum(len(g.results) for g in batch)} rollouts")
         for g in batch:
             del self.groups[g.request.group_id]
-        rollouts = [r for g in batch for r in g.results]
+        dropped_groups, self.no_signal = self.no_signal, []
+        # Every rollout the step sampled: the batch's, and those of groups dropped without signal (recorded with
+        # the step as dropped, never trained).
+        rollouts = [r for g in batch + dropped_groups for r in g.results]
         trained, drift, rollout_index, advantage_metrics = await self._on_trainer_thread(
-            clock, "build_samples", self._samples, batch)
+            clock, "build_samples", self._samples, batch, dropped_groups)
         samples = [t.sample for t in trained]
         train_start = time.perf_counter()
         # Harnesses keep generating (async mode) while the trainer works; the engine pauses only for the swap.
@@ -257,13 +287,18 @@ class Scheduler:
             await self.engine.resume()
         sync_seconds = time.perf_counter() - admitted
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold, self.reward_of))
+        metrics.update(self._group_metrics(batch, dropped_groups))
         metrics.update(advantage_metrics)
         metrics.update(clock.split(train_end - train_start, sync_seconds))
         metrics["time/drain"] = drained - train_end
         generated = sum(len(c.completion_ids) for r in rollouts for c in r.calls)
         metrics["rollout/generated_tokens_per_s"] = generated / max(metrics["time/step"], 1e-9)
+        dropped = dropped_rollouts(rollouts, trained)
+        for g in dropped_groups:
+            reason = self.signal_reason(g)
+            dropped.update({r.rollout_id: reason for r in g.results if r.failure_kind != INFRA_FAILURE})
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics,
-                            dropped_rollouts(rollouts, trained))
+                            dropped)
         self.reports.append(report)
         # Checkpoint and record land in the next step's wall time (time/checkpoint, time/record): they come
         # after the split that measured this one.
@@ -283,16 +318,18 @@ class Scheduler:
             if asyncio.iscoroutine(maybe):
                 await maybe
 
-    def _samples(self, batch: list[_Group]
+    def _samples(self, batch: list[_Group], dropped_groups: Sequence[_Group] = ()
                  ) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int], dict[str, float]]:
-        """Samples of every rollout but infrastructure failures, with its group advantage.
+        """Samples of every rollout of the batch but infrastructure failures, with its group advantage.
 
         Policy failures are trained with `failure_reward`; infrastructure failures say nothing about the policy,
-        so they are left out of both the loss and the group baseline.
+        so they are left out of both the loss and the group baseline. Rollouts of `dropped_groups` (no signal)
+        and infrastructure failures are only classified for drift, for the inspector.
         """
         all_rollouts = [r for g in batch for r in g.results]
-        drift = {r.rollout_id: build_samples(r.calls, self.decode).drift for r in all_rollouts
-                 if r.failure_kind == INFRA_FAILURE}
+        untrained = [r for r in all_rollouts if r.failure_kind == INFRA_FAILURE]
+        untrained += [r for g in dropped_groups for r in g.results]
+        drift = {r.rollout_id: build_samples(r.calls, self.decode).drift for r in untrained}
         rollouts = [r for r in all_rollouts if r.failure_kind != INFRA_FAILURE]
         rewards = torch.tensor([self.reward_of(r) for r in rollouts], dtype=torch.float64)
         groups = torch.tensor([r.group_id for r in rollouts], dtype=torch.long)
@@ -307,6 +344,23 @@ class Scheduler:
         sample_adv = broadcast_to_samples(advantages, torch.tensor(owners, dtype=torch.long)).tolist()
         out = [TrainedSample(rid, s, a, self.version - s.min_version) for (rid, s), a in zip(trained, sample_adv)]
         return out, drift, owners, metrics
+
+    def _group_metrics(self, batch: list[_Group], dropped_groups: Sequence[_Group]) -> dict[str, float]:
+        """What dynamic sampling did this step: groups sampled (trained + dropped), with signal, trained, dropped
+        without signal, and the rollouts it spent beyond the batch's. `groups/signal_share` is the share of the
+        trained groups with signal (what the update learns from); `groups/sampled_signal_share` the share of all
+        sampled groups (how deterministic the policy has become, whatever dynamic sampling hides)."""
+        sampled = list(batch) + list(dropped_groups)
+        with_signal = sum(not self.signal_reason(g) for g in sampled)
+        trained_with_signal = sum(not self.signal_reason(g) for g in batch)
+        return {
+            "groups/sampled": float(len(sampled)), "groups/trained": float(len(batch)),
+            "groups/trained_with_signal": float(trained_with_signal),
+            "groups/dropped_no_signal": float(len(dropped_groups)),
+            "groups/signal_share": trained_with_signal / len(batch) if batch else 0.0,
+            "groups/sampled_signal_share": with_signal / len(sampled) if sampled else 0.0,
+            "rollout/extra": float(sum(len(g.results) for g in dropped_groups)),
+        }
 
     def reward_of(self, rollout: RolloutResult) -> float:
         """The reward a rollout is trained with: failure_reward for a policy failure."""
@@ -334,7 +388,8 @@ class Scheduler:
     def counters(self) -> dict[str, int | list[int]]:
         """What a resume needs besides the policy: the next group id, and the groups admitted but not yet trained
         (their rollouts are not in the checkpoint's weights)."""
-        return {"next_group_id": self.next_group_id, "untrained_groups": sorted(self.groups)}
+        return {"next_group_id": self.next_group_id,
+                "untrained_groups": sorted([*self.groups, *(g.request.group_id for g in self.no_signal)])}
 
 
 SCHEDULER_STATE_FILE = "scheduler_state.json"

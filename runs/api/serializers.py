@@ -326,6 +326,35 @@ class MetricSerializer(serializers.ModelSerializer):
         fields = ["step", "name", "value", "created_at"]
 
 
+class SignalStepSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    groups_sampled = serializers.IntegerField(allow_null=True, help_text="Groups the step sampled (trained + dropped)")
+    groups_with_signal = serializers.IntegerField(allow_null=True,
+                                                  help_text="Sampled groups whose counted rewards differ")
+    groups_trained = serializers.IntegerField(allow_null=True)
+    groups_trained_with_signal = serializers.IntegerField(allow_null=True)
+    groups_dropped_no_signal = serializers.IntegerField(allow_null=True,
+                                                        help_text="Dropped by dynamic sampling: recorded, not trained")
+    extra_rollouts = serializers.IntegerField(allow_null=True, help_text="Rollouts of the dropped groups")
+    signal_share = serializers.FloatField(allow_null=True, help_text="Share of the trained groups with signal")
+    sampled_signal_share = serializers.FloatField(allow_null=True,
+                                                  help_text="Share of all sampled groups with signal")
+
+
+class SignalNoticeSerializer(serializers.Serializer):
+    share = serializers.FloatField()
+    steps = serializers.ListField(child=serializers.IntegerField(), help_text="First and last step of the window")
+    text = serializers.CharField()
+
+
+class SignalSerializer(serializers.Serializer):
+    dynamic_sampling = serializers.BooleanField()
+    low_share = serializers.FloatField(help_text="The notice shows below this mean sampled share")
+    window = serializers.IntegerField(help_text="Steps the notice averages over")
+    steps = SignalStepSerializer(many=True)
+    notice = SignalNoticeSerializer(allow_null=True)
+
+
 class ValidationCellSerializer(serializers.Serializer):
     attempts = serializers.IntegerField(help_text="Sampled attempts that count (finished, not infrastructure failures)")
     passed = serializers.IntegerField()

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from lightning_web import login_limits
-from runs import check_services, registry, selectors, services, worker_status
+from runs import check_services, registry, selectors, services, signal, worker_status
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
 from runs.api.renderers import JSONLinesRenderer
@@ -202,6 +202,13 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         rows = run.events.filter(seq__gt=_int_param(request, "after") or 0).order_by("seq")
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(s.RunEventSerializer(page, many=True).data)
+
+    @extend_schema(responses=s.SignalSerializer)
+    @action(detail=True, methods=["get"])
+    def signal(self, request, pk=None):
+        """Learning signal step by step: groups sampled, with signal, trained, dropped by dynamic sampling, extra
+        rollouts, the two signal shares, and the run page's notice when the sampled share is low (else null)."""
+        return Response(signal.summary(self.get_object()))
 
     @extend_schema(responses=s.ValidationGridSerializer)
     @action(detail=True, methods=["get"])

@@ -12,7 +12,7 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from runs import pools, rollout_queries, selectors, services
+from runs import pools, rollout_queries, selectors, services, signal
 from runs.models import RolloutStatus, Run, RunStatus
 
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
@@ -30,12 +30,19 @@ def run_detail(request, run_id: int):
 
 
 def _render_detail(request, run: Run, action_error: str = "", status: int = 200):
+    header = run_header(run)
     return render(request, "runs/detail.html", {
-        "run": run, "header": run_header(run), "cancellable": run.status in CANCELLABLE,
+        "run": run, "header": header, "cancellable": run.status in CANCELLABLE,
         "action_error": action_error, "rollout_statuses": RolloutStatus.values,
         "page_config": {"run": run.pk, "name": run.name, "status": run.status, "step": run.step,
                         "steps": _total_steps(run), "started_at": _iso(run.started_at),
-                        "finished_at": _iso(run.finished_at), "last_seq": run.event_seq},
+                        "finished_at": _iso(run.finished_at), "last_seq": run.event_seq,
+                        # the signal notice's inputs, which the page's script extends from run.metrics events
+                        "signal": {"dynamic_sampling": header["signal"]["dynamic_sampling"],
+                                   "low_share": signal.LOW_SHARE, "window": signal.WINDOW,
+                                   "steps": [{"step": r["step"], "share": r["sampled_signal_share"],
+                                              "dropped": r["groups_dropped_no_signal"]}
+                                             for r in header["signal"]["steps"][-signal.WINDOW:]]}},
     }, status=status)
 
 
@@ -51,22 +58,28 @@ def _iso(moment: datetime | None) -> str | None:
 def run_header(run: Run) -> dict:
     """Elapsed time and ETA as the page first shows them; the page's script keeps both current from events.
 
-    The ETA is the median of the last ETA_WINDOW measured step times (`time/step`) times the steps left: one slow
+    `signal` is runs.signal.summary over those steps: its notice warns when the groups lose their learning signal.
+    The ETA is the median step time (`time/step`) of the last ETA_WINDOW steps times the steps left: one slow
     step (the first one compiles, an evaluation lands in another) does not swing it, and a run that sped up or
     slowed down is estimated at its current pace.
     """
     end = run.finished_at or timezone.now()
     elapsed = (end - run.started_at).total_seconds() if run.started_at else None
     total = _total_steps(run)
+    # One query for both the ETA's step times and the signal notice: the metrics of the last ETA_WINDOW steps.
+    recent: dict[int, dict[str, float]] = {}
+    for name, step, value in selectors.run_metrics(run, ["time/step", *signal.METRICS],
+                                                   step_min=run.step - ETA_WINDOW + 1).values_list(
+            "name", "step", "value"):
+        recent.setdefault(step, {})[name] = value
     eta = None
     if total is not None and not run.is_finished and run.status != RunStatus.QUEUED:
-        step_times = list(selectors.run_metrics(run, ["time/step"]).order_by("-step")
-                          .values_list("value", flat=True)[:ETA_WINDOW])
+        step_times = [v["time/step"] for _, v in sorted(recent.items()) if "time/step" in v]
         if step_times:
             eta = statistics.median(step_times) * max(0, total - run.step)
     return {"steps": total, "elapsed": elapsed, "elapsed_text": duration_text(elapsed),
             "eta": eta, "eta_text": duration_text(eta), "phase": phase_now(run),
-            "waiting": pools.waiting(run), "worker": pools.started_on(run)}
+            "waiting": pools.waiting(run), "worker": pools.started_on(run), "signal": signal.summary(run, recent)}
 
 
 def phase_now(run: Run) -> str:

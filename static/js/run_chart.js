@@ -55,6 +55,24 @@ const PANELS = [
     ],
   },
   {
+    // What GRPO can learn from: groups whose attempts scored differently. With dynamic sampling the trained share
+    // stays up while the sampled share shows the policy going deterministic; without it both fall together.
+    id: "chart-signal", yTitle: "groups / rollouts per step", y2Title: "share of groups with signal",
+    series: [
+      { metric: "groups/signal_share", label: "signal share (trained groups)", color: "#067647", markers: 6,
+        axis: "y2" },
+      { metric: "groups/sampled_signal_share", label: "signal share (all groups sampled)", color: "#b42318",
+        markers: 6, axis: "y2", dash: "dot" },
+      // Stacked, the three bars are the groups sampled.
+      { metric: "groups/trained_with_signal", label: "groups trained with signal", color: "#12b76a", kind: "bar" },
+      { derive: ["groups/trained", "groups/trained_with_signal"], fn: ([trained, kept]) => trained - kept,
+        label: "groups trained without signal", color: "#d0d5dd", kind: "bar" },
+      { metric: "groups/dropped_no_signal", label: "groups dropped (no signal, not trained)", color: "#f79009",
+        kind: "bar" },
+      { metric: "rollout/extra", label: "extra rollouts spent", color: "#98a2b3", dash: "dash" },
+    ],
+  },
+  {
     id: "chart-system", yTitle: "seconds", y2Title: "tokens/s", y3Title: "staleness", split: true,
     series: [
       { metric: "time/generate", label: "generate", color: "#1570ef", kind: "bar" },

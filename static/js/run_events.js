@@ -20,6 +20,33 @@ function median(values) {
   return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }
 
+// The learning-signal notice, as runs.signal.notice words it: the mean share of sampled groups whose attempts scored
+// differently over the last `window` steps, below `low_share`.
+export function signalNotice(steps, signal) {
+  const recent = steps.filter((s) => typeof s.share === "number").slice(-signal.window);
+  if (recent.length < signal.window) return null;
+  const share = recent.reduce((sum, s) => sum + s.share, 0) / recent.length;
+  if (share >= signal.low_share) return null;
+  const first = recent[0].step;
+  const last = recent[recent.length - 1].step;
+  let text = `Groups are losing their learning signal: in steps ${first}-${last}, ${Math.round(share * 100)}% of ` +
+    "the groups sampled had attempts that scored differently. GRPO learns only from those, so the reward curve " +
+    "will flatten.";
+  const dropped = recent.reduce((sum, s) => sum + (s.dropped || 0), 0);
+  if (signal.dynamic_sampling) {
+    text += ` Dynamic sampling dropped ${dropped} group${dropped !== 1 ? "s" : ""} without signal in these steps.`;
+  } else {
+    text += " Clone the run with dynamic_sampling on, or raise temperature or group_size.";
+  }
+  return { share, steps: [first, last], text };
+}
+
+function sampledShare(values) {  // as runs.signal.sampled_share
+  if (typeof values["groups/sampled_signal_share"] === "number") return values["groups/sampled_signal_share"];
+  const total = values["groups/total"];
+  return total ? (values["groups/with_signal"] || 0) / total : null;
+}
+
 export class RunHeader {
   constructor(config) {
     this.config = config;
@@ -29,6 +56,8 @@ export class RunHeader {
     this.startedAt = config.started_at ? Date.parse(config.started_at) : null;
     this.finishedAt = config.finished_at ? Date.parse(config.finished_at) : null;
     this.stepTimes = new Map();  // step -> time/step seconds (for the ETA)
+    this.signal = config.signal || { steps: [], window: 2, low_share: 0.5, dynamic_sampling: false };
+    this.signalSteps = new Map(this.signal.steps.map((s) => [s.step, s]));  // step -> {step, share, dropped}
     this.el = (id) => document.getElementById(id);
     setInterval(() => this.tick(), 1000);
   }
@@ -45,14 +74,31 @@ export class RunHeader {
       if (fresh && payload.step > this.step) this.setStep(payload.step);
       const stepTime = payload.values?.["time/step"];
       if (typeof stepTime === "number") this.stepTimes.set(payload.step, stepTime);
+      const share = sampledShare(payload.values || {});
+      if (typeof share === "number") {
+        this.signalSteps.set(payload.step, { step: payload.step, share,
+                                             dropped: payload.values["groups/dropped_no_signal"] || 0 });
+        this.showSignal();
+      }
     } else if (kind === "run.resumed") {
       if (fresh) {
         this.setStep(payload.step, true);
         this.showPhase(`back to the checkpoint of step ${payload.step}`, null);
       }
       for (const step of [...this.stepTimes.keys()]) if (step > payload.step) this.stepTimes.delete(step);
+      for (const step of [...this.signalSteps.keys()]) if (step > payload.step) this.signalSteps.delete(step);
+      this.showSignal();
     }
     this.tick();
+  }
+
+  showSignal() {
+    const el = this.el("run-signal");
+    if (!el) return;
+    const steps = [...this.signalSteps.values()].sort((a, b) => a.step - b.step);
+    const found = signalNotice(steps, this.signal);
+    el.hidden = !found;
+    el.textContent = found ? found.text : "";
   }
 
   applyStatus(event) {

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.browser
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop in this thread
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
-PANELS = ("run-chart", "chart-policy", "chart-data", "chart-system")
+PANELS = ("run-chart", "chart-policy", "chart-data", "chart-system", "chart-signal")
 TRACES = "(id) => document.getElementById(id).data.map(t => ({name: t.name, x: t.x, y: t.y}))"
 
 
@@ -29,6 +29,10 @@ def step_metrics(step: int) -> dict[str, float]:
         "drift/fork_count": 0.0, "drift/clean_count": 5.0, "time/step": 10.0, "time/generate": 6.0, "time/train": 2.0, "time/sync": 0.5,
         "time/build_samples": 0.2, "time/checkpoint": 0.1, "time/record": 0.1, "time/idle": 1.1,
         "rollout/generated_tokens_per_s": 800.0, "train/tokens_per_s": 5000.0, "staleness/mean": 0.5,
+        # dynamic sampling: 4 groups trained (3 with signal), 2 dropped without signal (8 extra rollouts)
+        "groups/sampled": 6.0, "groups/trained": 4.0, "groups/trained_with_signal": 3.0,
+        "groups/dropped_no_signal": 2.0, "rollout/extra": 8.0, "groups/signal_share": 0.75,
+        "groups/sampled_signal_share": 0.5,
     }
 
 
@@ -77,7 +81,7 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
     assert reward["train reward (mean of the step)"]["x"] == [1, 2, 3]
     assert reward["val Pass@1 (mean of k samples)"]["x"] == [0]
     assert reward["train reward ± std"]["y"] == pytest.approx([0.15, 0.25, 0.35])
-    policy, data, system = (traces(page, p) for p in PANELS[1:])
+    policy, data, system, signal = (traces(page, p) for p in PANELS[1:])
     assert {"loss", "clip fraction", "importance ratio (mean)", "TIS weight (mean)", "engine–trainer |Δ logprob|",
             "entropy", "grad norm"} <= set(policy)
     assert data["groups with signal (rewards differ)"]["y"] == pytest.approx([3.0] * 3)
@@ -88,6 +92,13 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
     assert system["samples, checkpoint, record"]["y"] == pytest.approx([0.4] * 3)
     assert {"generate", "train", "sync", "idle", "generated tokens/s", "staleness (mean)"} <= set(system)
     assert all(len(t["x"]) == 3 for t in policy.values())
+    assert signal["signal share (trained groups)"]["y"] == pytest.approx([0.75] * 3)
+    assert signal["signal share (all groups sampled)"]["y"] == pytest.approx([0.5] * 3)
+    # Stacked bars that add up to the groups sampled: 3 trained with signal, 1 without, 2 dropped.
+    assert signal["groups trained with signal"]["y"] == pytest.approx([3.0] * 3)
+    assert signal["groups trained without signal"]["y"] == pytest.approx([1.0] * 3)
+    assert signal["groups dropped (no signal, not trained)"]["y"] == pytest.approx([2.0] * 3)
+    assert signal["extra rollouts spent"]["y"] == pytest.approx([8.0] * 3)
     page.wait_for_function("document.getElementById('run-eta').textContent === '1m 10s'")  # 10 s x 7 steps
     services.set_run_phase(run.pk, "step 4: generating rollouts")
     page.wait_for_function("document.getElementById('run-phase').textContent === 'step 4: generating rollouts'")
@@ -108,7 +119,7 @@ def test_the_run_page_charts_extend_live_keep_the_zoom_smooth_and_switch_to_wall
     assert page.locator("#run-step").inner_text() == "4" and page.locator("#run-policy-version").inner_text() == "4"
     assert page.locator("#run-phase").inner_text() == "evaluating step 3: 2/4 (50%)"  # metrics do not guess a phase
     assert page.locator("#events li").last.inner_text().endswith("step 4: reward/mean 0.400 · reward/std 0.0500 · "
-                                                                  "loss/total 0.250 · time/step 10 … (+28 more)")
+                                                                  "loss/total 0.250 · time/step 10 … (+35 more)")
 
     # EMA smoothing changes the drawn values (debiased: the first point stays as it was).
     raw = traces(page)["train reward (mean of the step)"]["y"]

@@ -64,7 +64,7 @@ def test_the_page_loads_plotly_and_its_modules_from_this_server(client, alice, m
     assert '<script src="/static/plotly/plotly.min.js"></script>' in html
     assert '<script type="module" src="/static/js/pages/run_detail.js"></script>' in html
     assert "cdn" not in html.lower() and "https://" not in html
-    for panel in ('id="run-chart"', 'id="chart-policy"', 'id="chart-data"', 'id="chart-system"'):
+    for panel in ('id="run-chart"', 'id="chart-policy"', 'id="chart-data"', 'id="chart-signal"', 'id="chart-system"'):
         assert panel in html
     assert 'id="chart-smoothing"' in html and 'name="chart-x" value="time"' in html
     assert 'data-url="/runs/%d/rollouts/"' % run.pk in html

@@ -203,9 +203,9 @@ async def test_it_builds_samples_and_checkpoints_on_the_trainer_thread_not_the_l
     threads = {}
     build, save = Scheduler._samples, Policy.save_checkpoint
 
-    def spy_build(self, batch):
+    def spy_build(self, batch, dropped_groups=()):
         threads.setdefault("build", set()).add(threading.current_thread().name)
-        return build(self, batch)
+        return build(self, batch, dropped_groups)
 
     def spy_save(self, path):
         threads.setdefault("save", set()).add(threading.current_thread().name)
@@ -349,3 +349,121 @@ def test_dropped_rollouts_names_the_infra_error():
     failed = RolloutResult(0, "0/1", (), 0.0, "infra", error="engine refused: 503")
     assert dropped_rollouts([RolloutResult(0, "0/0", (), 1.0), failed], []) == {
         "0/0": "no_sampled_tokens", "0/1": "infra_failure: engine refused: 503"}
+
+
+# ---- dynamic sampling ---------------------------------------------------------------------------------------------
+
+def constant_for_even_groups(g, a):
+    """Even groups: every attempt scores 1 (no signal); odd groups: attempts alternate 0 and 1."""
+    return 1.0 if g % 2 == 0 else float(a % 2)
+
+
+async def test_dynamic_sampling_drops_groups_without_signal_and_refills_the_batch():
+    engine = SpyEngine()
+    source = TickSource(engine, rewards=constant_for_even_groups)
+    reports = await run(policy(steps=2, dynamic_sampling=True), engine, source)
+    # Step 1: groups 0 and 2 had no signal and were replaced (2, then 3); step 2 likewise (4 and 6 by 5 and 7).
+    assert [g.group_id for g in source.launched] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert [g.policy_version for g in source.launched] == [0, 0, 0, 0, 1, 1, 1, 1]
+    first = reports[0]
+    assert sorted({s.rollout_id.split("/")[0] for s in first.samples}) == ["1", "3"]
+    # The dropped groups' rollouts stay in the step's report, each with why it was not trained.
+    assert [r.rollout_id for r in first.rollouts] == ["1/0", "1/1", "3/0", "3/1", "0/0", "0/1", "2/0", "2/1"]
+    assert first.dropped == {f"{g}/{a}": "no_signal: every attempt scored 1" for g in (0, 2) for a in (0, 1)}
+    assert set(first.drift) == {r.rollout_id for r in first.rollouts}  # classified for the inspector all the same
+    m = first.metrics
+    assert (m["groups/sampled"], m["groups/trained"], m["groups/trained_with_signal"]) == (4.0, 2.0, 2.0)
+    assert (m["groups/dropped_no_signal"], m["rollout/extra"]) == (2.0, 4.0)
+    assert (m["groups/signal_share"], m["groups/sampled_signal_share"]) == (1.0, 0.5)
+    assert (m["groups/total"], m["groups/with_signal"]) == (4.0, 2.0)
+    assert m["reward/mean"] == 0.75  # over every rollout sampled: the policy's reward, not the kept groups'
+    assert m["advantage/zero_frac"] == 0.0
+    assert sorted({s.rollout_id.split("/")[0] for s in reports[1].samples}) == ["5", "7"]
+    assert source.cancelled == []
+
+
+async def test_without_dynamic_sampling_groups_without_signal_are_trained_as_before():
+    engine = SpyEngine()
+    source = TickSource(engine, rewards=constant_for_even_groups)
+    reports = await run(policy(steps=1), engine, source)
+    assert [g.group_id for g in source.launched] == [0, 1]
+    m = reports[0].metrics
+    assert reports[0].dropped == {}
+    assert (m["groups/sampled"], m["groups/trained"], m["groups/trained_with_signal"]) == (2.0, 2.0, 1.0)
+    assert (m["groups/signal_share"], m["groups/sampled_signal_share"], m["rollout/extra"]) == (0.5, 0.5, 0.0)
+
+
+async def test_dynamic_sampling_trains_what_it_has_once_the_extra_budget_is_spent():
+    engine = SpyEngine()
+    source = TickSource(engine, rewards=lambda g, a: 0.0)  # no group ever has signal
+    reports = await run(policy(steps=2, dynamic_sampling=True, dynamic_sampling_max_extra=1.0), engine, source)
+    # tasks_per_step=2, max extra 1.0 -> 2 groups may be dropped per step: 0 and 1, then 2 and 3 are trained.
+    assert [g.group_id for g in source.launched] == [0, 1, 2, 3, 4, 5, 6, 7]
+    first = reports[0]
+    assert sorted({s.rollout_id.split("/")[0] for s in first.samples}) == ["2", "3"]
+    assert all(s.advantage == 0.0 for s in first.samples)
+    assert set(first.dropped) == {"0/0", "0/1", "1/0", "1/1"}
+    m = first.metrics
+    assert (m["groups/sampled"], m["groups/trained_with_signal"], m["groups/dropped_no_signal"]) == (4.0, 0.0, 2.0)
+    assert (m["groups/signal_share"], m["rollout/extra"]) == (0.0, 4.0)
+    # The budget is per step: step 2 drops two again.
+    assert reports[1].metrics["groups/dropped_no_signal"] == 2.0
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo"])
+async def test_dynamic_sampling_keeps_only_groups_with_signal_for_every_estimator(advantage):
+    engine = SpyEngine()
+    source = TickSource(engine, rewards=constant_for_even_groups)
+    reports = await run(policy(steps=1, dynamic_sampling=True, advantage=advantage), engine, source)
+    samples = reports[0].samples
+    assert sorted({s.rollout_id.split("/")[0] for s in samples}) == ["1", "3"]
+    assert all(s.advantage != 0.0 for s in samples)
+
+
+async def test_dynamic_sampling_counts_a_group_of_infrastructure_failures_as_without_signal():
+    engine = SpyEngine()
+    # Group 0: one attempt failed for infrastructure, so one reward counts: nothing to compare it with.
+    source = TickSource(engine, failed=lambda g, a: "infra" if (g, a) == (0, 1) else "")
+    reports = await run(policy(steps=1, dynamic_sampling=True), engine, source)
+    assert reports[0].dropped == {"0/0": "no_signal: 1 of 2 attempts counted", "0/1": "infra_failure"}
+    assert sorted({s.rollout_id.split("/")[0] for s in reports[0].samples}) == ["1", "2"]
+
+
+async def test_dynamic_sampling_in_async_mode_keeps_the_staleness_bound():
+    engine = SpyEngine()
+    # Group 1 is slow and without signal, even groups have none either: replacements keep coming while the bound
+    # forces slow groups into batches.
+    source = TickSource(engine, durations=lambda g: 5 if g == 1 else 1,
+                        rewards=lambda g, a: 1.0 if g in (0, 2, 4) else float(a % 2))
+    config = {"mode": "async", "tasks_per_step": 1, "steps": 4, "max_staleness": 1, "dynamic_sampling": True}
+    reports = await run(policy(**config), engine, source)
+    trained = [sorted({int(s.rollout_id.split("/")[0]) for s in r.samples}) for r in reports]
+    assert all(len(t) == 1 for t in trained)
+    assert max(s.staleness for r in reports for s in r.samples) <= 1
+    assert max(r.metrics["staleness/max"] for r in reports) <= 1
+    dropped_groups = sorted({int(rid.split("/")[0]) for r in reports for rid in r.dropped})
+    assert dropped_groups == [0, 2, 4]
+    assert not set(dropped_groups) & {g for t in trained for g in t}
+    assert all(r.metrics["groups/signal_share"] == 1.0 for r in reports)
+    assert source.in_flight_max <= 2  # (max_staleness + 1) * tasks_per_step groups in flight, dropped ones gone
+
+
+def test_dynamic_sampling_budget_and_counters():
+    from trainer.config import ConfigError
+    from trainer.scheduler import _Group, no_signal_reason
+
+    assert TrainerConfig(tasks_per_step=4).extra_groups_per_step == 0
+    assert TrainerConfig(tasks_per_step=4, dynamic_sampling=True).extra_groups_per_step == 8
+    assert TrainerConfig(tasks_per_step=3, dynamic_sampling=True, dynamic_sampling_max_extra=0.5
+                         ).extra_groups_per_step == 2
+    with pytest.raises(ConfigError, match="dynamic_sampling_max_extra must not be negative"):
+        TrainerConfig(dynamic_sampling_max_extra=-1)
+    assert no_signal_reason([0.1, 0.1, 0.1], 3) == "no_signal: every attempt scored 0.1"
+    assert no_signal_reason([0.0, 1.0], 2) == ""
+    assert no_signal_reason([], 4) == "no_signal: 0 of 4 attempts counted"
+    # A group dropped but not yet reported is untrained: a resume from a checkpoint treats its rollouts as lost.
+    scheduler = Scheduler(policy(), SpyEngine(), TickSource(SpyEngine()))
+    scheduler.next_group_id = 5
+    scheduler.groups = {4: _Group(GroupRequest(4, 2, 0))}
+    scheduler.no_signal = [_Group(GroupRequest(3, 2, 0))]
+    assert scheduler.counters() == {"next_group_id": 5, "untrained_groups": [3, 4]}
