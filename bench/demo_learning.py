@@ -284,7 +284,7 @@ def main() -> None:
     args = parser.parse_args()
 
     preset = json.loads(PRESET.read_text())
-    config = dict(preset["config"])
+    config = {**preset["config"], "extra": {"preset": "arith-demo"}}  # as the demo button tags it (runs.presets)
     if args.eval_tasks is not None:
         config["eval_tasks"] = args.eval_tasks
     eval_attempts = config["eval_tasks"] * (config.get("eval_samples", 1) + bool(config.get("eval_greedy")))

@@ -107,7 +107,7 @@ def main() -> None:
 
     raw = template(args.harness)
     preset = raw["preset"]
-    config = dict(preset["config"])
+    config = {**preset["config"], "extra": {"preset": args.harness}}  # as the new-run form tags it (runs.presets)
     if args.steps is not None:
         config["steps"] = args.steps
     if args.eval_tasks is not None:

@@ -12,6 +12,7 @@ from typing import Any
 from django import forms
 
 from runs import pools, registry, selectors
+from runs.presets import Preset
 from runs.models import Dataset, Harness, RewardScript, Run
 from runs.registry import UnknownModel
 from trainer import config as trainer_config
@@ -96,7 +97,7 @@ class RunForm(forms.Form):
 
     groups = (("run", "Run"), ("basic", "Basic"), ("evaluation", "Evaluation"), ("advanced", "Advanced"))
 
-    def __init__(self, user, *args, clone: Run | None = None, **kwargs):
+    def __init__(self, user, *args, clone: Run | None = None, preset: Preset | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         docs, defaults = config_field_docs(), config_defaults()
         for f in dataclasses.fields(TrainerConfig):
@@ -115,6 +116,8 @@ class RunForm(forms.Form):
         self.fields["pool"].choices = [(name, name) for name in pools.known_pools()]
         if clone is not None:
             self.initial.update(self.initial_from_run(clone))
+        elif preset is not None:
+            self.initial.update(self.initial_from_preset(user, preset))
 
     @staticmethod
     def initial_from_run(run: Run) -> dict[str, Any]:
@@ -122,6 +125,18 @@ class RunForm(forms.Form):
         config = {name: value for name, value in (run.config or {}).items() if name in CONFIG_FIELDS}
         return {"name": f"{run.name} (clone)", "model": run.model, "harness": run.harness_id,
                 "dataset": run.dataset_id, "reward_script": run.reward_script_id, "pool": run.pool, **config}
+
+    @staticmethod
+    def initial_from_preset(user, preset: Preset) -> dict[str, Any]:
+        """The form filled from a preset: its model and config (tagged with the preset's slug in extra.preset) and
+        the user's harness, dataset and reward script of the names it gives, where the user has them."""
+        def named(model, name):
+            return selectors.owned(model.objects.all(), user).filter(name=name).values_list("pk", flat=True).first()
+
+        config = {name: value for name, value in preset.tagged_config.items() if name in CONFIG_FIELDS}
+        return {"name": preset.slug, "model": preset.model, "harness": named(Harness, preset.harness),
+                "dataset": named(Dataset, preset.dataset), "reward_script": named(RewardScript, preset.reward_script),
+                **config}
 
     def field_groups(self) -> list[dict[str, Any]]:
         """Bound fields by fieldset for the template; a group holding an error is marked so it renders open."""

@@ -5,19 +5,23 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 
-from runs import selectors, services
+from runs import presets, selectors, services
 from runs.forms import RunForm
-from runs.models import Run
+from runs.models import Dataset, Harness, RewardScript, Run
+from trainer.config import TrainerConfig
 
 
 @login_required
 def new_run(request):
     """Launch a run: the same validation as the API (TrainerConfig, registry, ownership) through services.
 
-    `?clone=<id>` fills the form from one of the user's runs ("Clone and edit") and records it as the origin.
+    `?clone=<id>` fills the form from one of the user's runs ("Clone and edit") and records it as the origin;
+    `?preset=<slug>` fills it from a preset (runs.presets) and shows its attempts per task and temperature beside
+    the signal share of the user's last run of it.
     """
     clone = _clone_source(request)
-    form = RunForm(request.user, request.POST or None, clone=clone)
+    preset = _preset(request)
+    form = RunForm(request.user, request.POST or None, clone=clone, preset=preset)
     if request.method == "POST" and form.is_valid():
         try:
             run = services.create_run(request.user, **form.run_arguments(), cloned_from=clone)
@@ -25,7 +29,32 @@ def new_run(request):
             form.add_service_error(exc)
         else:
             return redirect("run-detail", run_id=run.pk)
-    return render(request, "runs/new.html", {"form": form, "clone": clone})
+    return render(request, "runs/new.html", {"form": form, "clone": clone, **_preset_context(request, preset)})
+
+
+def _preset(request) -> presets.Preset | None:
+    slug = request.GET.get("preset")
+    if not slug:
+        return None
+    found = presets.find(slug)
+    if found is None:
+        raise Http404(f"no preset {slug!r}")
+    return found
+
+
+def _preset_context(request, preset: presets.Preset | None) -> dict:
+    context = {"presets": presets.all_presets(), "preset": preset}
+    if preset is not None:
+        config = {**TrainerConfig().to_dict(), **preset.config}
+        context["preset_facts"] = {
+            "group_size": config["group_size"], "temperature": config["temperature"],
+            "dynamic_sampling": config["dynamic_sampling"], "tasks_per_step": config["tasks_per_step"],
+            "last": presets.last_run_signal(request.user, preset.slug),
+            "missing": [f"{kind} {name!r}" for kind, model, name in (
+                ("harness", Harness, preset.harness), ("dataset", Dataset, preset.dataset),
+                ("reward script", RewardScript, preset.reward_script))
+                if not selectors.owned(model.objects.all(), request.user).filter(name=name).exists()]}
+    return context
 
 
 def _clone_source(request) -> Run | None:

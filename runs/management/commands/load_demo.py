@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
 from common import procs
-from runs import services
+from runs import presets, services
 from runs.models import Dataset, Harness, RewardScript, Run
 
 DEMO = settings.BASE_DIR / "examples" / "arith"
@@ -72,7 +72,8 @@ def start_demo_run(user) -> Run:
     """
     preset = demo_preset()
     harness, dataset, reward = ensure_demo(user)
-    return services.create_run(user, name=preset["name"], model=preset["model"], config=preset["config"],
+    return services.create_run(user, name=preset["name"], model=preset["model"],
+                               config=presets.tag(preset["config"], presets.DEMO_SLUG),
                                harness=harness, dataset=dataset, reward_script=reward)
 
 
