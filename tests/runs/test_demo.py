@@ -50,7 +50,8 @@ def test_the_button_starts_the_preset_run_and_shows_it(client, alice, bob, demo_
     preset = demo_preset()
     assert run.owner == alice and run.name == preset["name"] and run.model == demo_model
     assert run.status == "queued"
-    assert run.config == TrainerConfig.from_dict(preset["config"]).to_dict()
+    # The preset's config, tagged as the demo preset's run (runs.presets: the new-run form finds it by that).
+    assert run.config == TrainerConfig.from_dict({**preset["config"], "extra": {"preset": "arith-demo"}}).to_dict()
     assert run.harness.name == preset["harness"] and run.harness.owner == alice
     assert "examples/arith/agent.py" in " ".join(run.harness.command)
     assert run.dataset.name == preset["dataset"] and run.dataset.owner == alice
