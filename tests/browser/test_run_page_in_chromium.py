@@ -1,5 +1,5 @@
-"""The run page in real Chromium: four chart panels that extend live and keep the zoom, EMA smoothing, the wall-time
-axis, the rollouts table filling in live, the rollout page from a row, and cancel."""
+"""The run page in real Chromium: five chart panels that extend live and keep the zoom, EMA smoothing, the wall-time
+axis, the rollouts table filling in live, the rollout page from a row, cancel, and the signal notice."""
 import os
 from pathlib import Path
 
@@ -243,4 +243,31 @@ def test_the_header_shows_the_host_when_a_worker_starts_the_run(page, live_url, 
     page.reload()
     page.wait_for_selector("#run-chart[data-ready='1']")
     assert page.locator("#run-host").inner_text() == line  # as the server draws it
+    assert console == [] and page.outside == []
+
+
+def test_the_header_warns_live_when_groups_lose_their_signal_and_says_what_dynamic_sampling_did(
+        page, live_url, alice, make_run, console):
+    run = make_run(alice, name="losing signal", config={"steps": 10, "dynamic_sampling": True})
+    services.claim_run(run.pk, "task")
+    services.transition_run(run.pk, "running")
+    services.record_metrics(run.pk, 1, {"groups/sampled": 6.0, "groups/with_signal": 4.0,
+                                        "groups/sampled_signal_share": 4 / 6, "groups/dropped_no_signal": 2.0})
+    login(page, live_url)
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_selector("#chart-signal[data-ready='1']")
+    assert page.locator("#run-signal").is_hidden()
+    # Step 2: a quarter of the groups sampled had signal; with step 1's two thirds, 0.46 on average: under 0.5.
+    services.record_metrics(run.pk, 2, {"groups/sampled": 12.0, "groups/with_signal": 3.0,
+                                        "groups/sampled_signal_share": 0.25, "groups/dropped_no_signal": 8.0})
+    page.wait_for_selector("#run-signal", state="visible", timeout=15000)
+    text = page.locator("#run-signal").inner_text()
+    assert text.startswith("Groups are losing their learning signal: in steps 1-2, 46% of the groups sampled")
+    assert text.endswith("Dynamic sampling dropped 10 groups without signal in these steps.")
+    services.record_metrics(run.pk, 3, {"groups/sampled": 8.0, "groups/with_signal": 7.0,
+                                        "groups/sampled_signal_share": 0.875, "groups/dropped_no_signal": 0.0})
+    page.wait_for_selector("#run-signal", state="hidden", timeout=15000)  # steps 2-3 average 0.56
+    page.reload()
+    page.wait_for_selector("#chart-signal[data-ready='1']")
+    assert page.locator("#run-signal").is_hidden()  # as the server draws it
     assert console == [] and page.outside == []
