@@ -11,13 +11,26 @@ from runs.models import Dataset, FailureKind, Metric, Rollout, RolloutStatus, Ru
 from trainer.config import TrainerConfig
 
 
+OWNER_PATHS = {"Task": "dataset__owner", "Rollout": "run__owner", "ModelCall": "rollout__run__owner",
+               "Sample": "rollout__run__owner"}
+"""How a model without an `owner` of its own reaches its owner."""
+
+
 def owned(queryset: QuerySet, user) -> QuerySet:
     """Rows the user may see: their own, or all for staff. `owner` may be reached through a relation."""
     if user.is_staff:
         return queryset
-    field = {"Task": "dataset__owner", "Rollout": "run__owner", "ModelCall": "rollout__run__owner",
-             "Sample": "rollout__run__owner"}.get(queryset.model.__name__, "owner")
-    return queryset.filter(**{field: user})
+    return queryset.filter(**{OWNER_PATHS.get(queryset.model.__name__, "owner"): user})
+
+
+def owner_id_of(obj) -> int | None:
+    """The id of the user who owns `obj`, through the same relations as `owned` (None for an unowned object)."""
+    *hops, _ = OWNER_PATHS.get(type(obj).__name__, "owner").split("__")
+    for hop in hops:
+        obj = getattr(obj, hop, None)
+        if obj is None:
+            return None
+    return getattr(obj, "owner_id", None)
 
 
 def user_can_see_run(user, run_id: int) -> bool:

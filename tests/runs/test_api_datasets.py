@@ -154,3 +154,23 @@ def test_a_dataset_can_be_renamed_but_not_its_contents(alice_api, alice, make_da
     assert response.status_code == 200 and response.json()["name"] == "renamed"
     dataset.refresh_from_db()
     assert dataset.name == "renamed" and dataset.train_count == 4
+
+
+def test_a_task_opens_for_its_owner_and_staff_and_is_hidden_from_others(alice_api, bob_api, staff_api, alice,
+                                                                        make_dataset):
+    task = make_dataset(alice, tasks=[{"id": "only", "split": "train", "q": 1}]).tasks.get()
+    response = alice_api.get(f"/api/v1/tasks/{task.pk}/")
+    # It answered 403 to its owner: the permission looked for an owner on the task, which has one via its dataset.
+    assert response.status_code == 200 and response.json()["external_id"] == "only"
+    assert staff_api.get(f"/api/v1/tasks/{task.pk}/").status_code == 200
+    assert bob_api.get(f"/api/v1/tasks/{task.pk}/").status_code == 404
+
+
+def test_owner_id_of_follows_the_same_relations_as_owned(alice, make_run, make_dataset):
+    from runs import rollout_services, selectors
+
+    run = make_run(alice)
+    rollout, _ = rollout_services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=0,
+                                                 group=0, attempt=0)
+    for obj in (run, run.dataset, run.dataset.tasks.first(), rollout):
+        assert selectors.owner_id_of(obj) == alice.pk
