@@ -131,7 +131,7 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
         executors.for_harness(run.harness_snapshot)  # an unknown executor, or a cluster this worker cannot use
     except executors.ExecutorSetupError as exc:
         raise RunSetupError(str(exc)) from exc
-    await db(record_isolation)(run_id)
+    isolation_line = await db(record_isolation)(run_id)
     config, host_line = await db(record_host)(run_id, config)
     await _log(run_id, f"host: {host_line}")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
@@ -156,7 +156,7 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
     async with serving_engine(engine_config, workdir / "engine", on_progress=engine_progress,
                               replicas=config.engine_replicas) as engine:
         await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation),
-                                          note={"host": host_line})
+                                          note={"host": host_line, "isolation": isolation_line})
         replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
         upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas,
                                   served_model=engine_config.served_model_name, sampling=config.sampling)

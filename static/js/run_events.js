@@ -102,7 +102,7 @@ export class RunHeader {
   }
 
   applyStatus(event) {
-    const { status, error, host } = event.payload;
+    const { status, error, host, worker, isolation } = event.payload;
     const before = this.status;
     this.status = status;
     const badge = this.el("run-status");
@@ -112,6 +112,8 @@ export class RunHeader {
     if (error) errorLine.textContent = error;
     else if (status === "queued" || status === "starting") errorLine.textContent = "";  // a fresh go
     if (host) this.el("run-host").textContent = host;  // the worker's CPU and the dtypes it chose (trainer.host)
+    if (worker?.where) this.el("run-worker").textContent = worker.where;  // "starting": the worker that took it
+    if (isolation) this.el("run-isolation").textContent = isolation;  // "running": how its user code is isolated
     const at = Date.parse(event.created_at);
     if (status === "running" && this.startedAt === null) this.startedAt = at;
     if (FINISHED.has(status)) {

@@ -227,22 +227,32 @@ def test_cancel_ends_a_queued_run_and_the_header_follows(page, live_url, alice, 
     assert console == [] and page.outside == []
 
 
-def test_the_header_shows_the_host_when_a_worker_starts_the_run(page, live_url, alice, make_run, console):
+def test_the_header_shows_the_host_worker_and_isolation_when_a_worker_starts_the_run(page, live_url, alice, make_run, console):
     run = make_run(alice, name="starting")
     login(page, live_url)
     page.goto(f"{live_url}/runs/{run.pk}/")
     page.wait_for_selector("#run-chart[data-ready='1']")
-    assert page.locator("#run-host").inner_text() == "not started yet"
+    for field in ("#run-host", "#run-worker", "#run-isolation"):
+        assert page.locator(field).inner_text() == "not started yet"
     line = ("CPU: AVX2, no native bf16 (2 cores, 23.5 GiB) -> engine float32, trainer float32 "
             "(auto (engine and trainer): the CPU has no native bf16)")
-    services.claim_run(run.pk, "task")
-    Run.objects.filter(pk=run.pk).update(host={"summary": line})  # orchestrator.record_host, then RUNNING
-    services.transition_run(run.pk, "running", note={"host": line})
+    worker = {"worker": "runs-default@box", "pool": "default", "device_set": 0, "devices": [],
+              "where": "runs-default@box, CPU"}
+    services.claim_run(run.pk, "task", worker)  # the "starting" event names the worker
+    page.wait_for_function("document.getElementById('run-worker').textContent === 'runs-default@box, CPU'",
+                           timeout=15000)
+    isolation = "bubblewrap: own mount, pid and network namespaces"
+    Run.objects.filter(pk=run.pk).update(host={"summary": line}, isolation=isolation)  # as the orchestrator does
+    services.transition_run(run.pk, "running", note={"host": line, "isolation": isolation})
     page.wait_for_function("document.getElementById('run-status').textContent === 'running'", timeout=15000)
-    assert page.locator("#run-host").inner_text() == line  # from the status event, without a reload
+    # From the status events, without a reload (the worker and isolation lines said "not started yet" until one).
+    assert page.locator("#run-host").inner_text() == line
+    assert page.locator("#run-isolation").inner_text() == isolation
     page.reload()
     page.wait_for_selector("#run-chart[data-ready='1']")
     assert page.locator("#run-host").inner_text() == line  # as the server draws it
+    assert page.locator("#run-worker").inner_text() == "runs-default@box, CPU"
+    assert page.locator("#run-isolation").inner_text() == isolation
     assert console == [] and page.outside == []
 
 

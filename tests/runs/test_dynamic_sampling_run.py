@@ -90,3 +90,7 @@ def test_groups_without_signal_are_dropped_shown_and_the_batch_refilled(alice, c
     assert [r["groups_dropped_no_signal"] for r in body["steps"]] == [
         int(metrics[("groups/dropped_no_signal", s)]) for s in (1, 2)]
     assert Run.objects.get(pk=run.pk).config["dynamic_sampling"] is True
+    # The run page's header reads the worker and the isolation live from the status events.
+    running = run.events.get(kind="run.status", payload__status="running").payload
+    assert running["isolation"] == run.isolation != "" and running["host"]
+    assert run.events.get(kind="run.status", payload__status="starting").payload["worker"]["where"]
