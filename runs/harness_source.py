@@ -74,7 +74,8 @@ class HarnessSource:
 
         `greedy`: an evaluation attempt the proxy serves at temperature 0."""
         rollout, secret = await db(rollout_services.create_rollout)(
-            self.run, task=task, split=split, step=version, group=group, attempt=attempt, greedy=greedy)
+            self.run, task=task, split=split, step=version, group=group, attempt=attempt, greedy=greedy,
+            policy_version=version)  # self.run is as the worker loaded it: its own version is the start's
         await db(rollout_services.start_rollout)(rollout.pk)
         harness = self.run.harness_snapshot
         try:

@@ -21,13 +21,16 @@ logger = logging.getLogger(__name__)
 
 
 def create_rollout(run: Run, *, task: Task | None, split: str, step: int, group: int, attempt: int,
-                   greedy: bool = False) -> tuple[Rollout, str]:
+                   greedy: bool = False, policy_version: int | None = None) -> tuple[Rollout, str]:
     """A new rollout and its API key; only the key's hash is stored, the key is returned once.
 
-    `greedy` marks an evaluation attempt the proxy serves at temperature 0 (runs.recorder reads it)."""
+    `greedy` marks an evaluation attempt the proxy serves at temperature 0 (runs.recorder reads it).
+    `policy_version`: the version the rollout starts under (its group's at admission; an evaluation's step); the
+    run's current version when not given."""
     secret = secrets.token_urlsafe(32)
+    version = run.policy_version if policy_version is None else policy_version
     rollout = Rollout.objects.create(run=run, task=task, split=split, step=step, group=group, attempt=attempt,
-                                     greedy=greedy, policy_version=run.policy_version,
+                                     greedy=greedy, policy_version=version,
                                      secret_hash=hash_secret(secret))
     return rollout, secret
 
