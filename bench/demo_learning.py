@@ -183,9 +183,10 @@ def _when(event: dict) -> float:
     return datetime.fromisoformat(event["created_at"]).timestamp()
 
 
-def follow(api: Api, run_id: int, clicked: float, steps: int) -> list[dict]:
-    """Print the run's progress until it ends; its events, in order."""
-    events, after, last_step, status = [], 0, -1, "queued"
+def follow(api: Api, run_id: int, clicked: float, steps: int | str, budget_minutes: float | None = None) -> list[dict]:
+    """Print the run's progress until it ends; its events, in order. With `budget_minutes`, the run is cancelled
+    through the API once that many minutes from the click are spent (bench/signal.py's same-minutes arms)."""
+    events, after, last_step, status, cancelled = [], 0, -1, "queued", False
     while status not in FINISHED:
         time.sleep(2)
         new = api.every(f"runs/{run_id}/events/?after={after}")
@@ -193,10 +194,14 @@ def follow(api: Api, run_id: int, clicked: float, steps: int) -> list[dict]:
         after = new[-1]["seq"] if new else after
         run = api.call(f"runs/{run_id}/")
         status = run["status"]
+        spent = (time.time() - clicked) / 60
         if run["step"] != last_step or status in FINISHED:
             last_step = run["step"]
-            print(f"  {(time.time() - clicked) / 60:5.1f} min  step {last_step}/{steps}  {status}  {run.get('phase', '')}",
-                  flush=True)
+            print(f"  {spent:5.1f} min  step {last_step}/{steps}  {status}  {run.get('phase', '')}", flush=True)
+        if budget_minutes is not None and spent >= budget_minutes and not cancelled and status not in FINISHED:
+            print(f"  {spent:5.1f} min  budget spent: cancelling at step {last_step}", flush=True)
+            api.call(f"runs/{run_id}/cancel/", body={})
+            cancelled = True
     return events + api.every(f"runs/{run_id}/events/?after={after}")
 
 

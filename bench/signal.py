@@ -36,14 +36,13 @@ import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from demo_learning import FINISHED, PRESET, Api, App, curve  # noqa: E402
+from demo_learning import PRESET, Api, App, curve, follow  # noqa: E402
 from harness_learning import ensure_model, template  # noqa: E402
 
 REPO_HARNESS = "mini-swe-agent-text"
@@ -76,27 +75,6 @@ def preset_of(which: str) -> dict:
             "config": p["config"]}
 
 
-def follow_for(api: Api, run_id: int, clicked: float, minutes: float) -> list[dict]:
-    """Print progress; cancel the run once `minutes` from the click are spent; the run's events once it ended."""
-    events, after, last_step, status, cancelled = [], 0, -1, "queued", False
-    while status not in FINISHED:
-        time.sleep(3)
-        new = api.every(f"runs/{run_id}/events/?after={after}")
-        events += new
-        after = new[-1]["seq"] if new else after
-        run = api.call(f"runs/{run_id}/")
-        status = run["status"]
-        spent = (time.time() - clicked) / 60
-        if run["step"] != last_step or status in FINISHED:
-            last_step = run["step"]
-            print(f"  {spent:5.1f} min  step {last_step}  {status}", flush=True)
-        if spent >= minutes and not cancelled and status not in FINISHED:
-            print(f"  {spent:5.1f} min  budget spent: cancelling at step {last_step}", flush=True)
-            api.call(f"runs/{run_id}/cancel/", body={})
-            cancelled = True
-    return events + api.every(f"runs/{run_id}/events/?after={after}")
-
-
 def run_arm(arm: Arm, models_dir: Path, eval_every: int, eval_tasks: int | None, keep: Path | None) -> None:
     preset = preset_of(arm.preset)
     config = {**preset["config"], "dynamic_sampling": arm.dynamic, "eval_every": eval_every,
@@ -116,7 +94,7 @@ def run_arm(arm: Arm, models_dir: Path, eval_every: int, eval_tasks: int | None,
         run, clicked = api.start_run(f"{preset['name']} (dynamic sampling {'on' if arm.dynamic else 'off'})",
                                      preset["model"], config, preset["harness"], preset["dataset"],
                                      preset["reward_script"])
-        events = follow_for(api, run["id"], clicked, arm.minutes)
+        events = follow(api, run["id"], clicked, "budget", budget_minutes=arm.minutes)
         final = api.call(f"runs/{run['id']}/")
         arm.status, arm.error = final["status"], final.get("error") or ""
         arm.points, _ = curve(events, clicked)

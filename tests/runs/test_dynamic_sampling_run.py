@@ -7,14 +7,7 @@ from django.urls import reverse
 from runs import services
 from runs.models import Rollout, Run, Sample
 from runs.tasks import execute_run
-from tests.runs.test_orchestrator import tiny_model  # noqa: F401 (the module's tiny model fixture)
-from trainer.engine import default_engine_venv
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm,
-    pytest.mark.skipif(not (default_engine_venv() / "bin" / "python").exists(),
-                       reason=f"no engine venv at {default_engine_venv()}: run scripts/setup-engine"),
-]
+from tests.runs.test_orchestrator import pytestmark, tiny_model  # noqa: F401 (its marks and tiny model fixture)
 
 HARNESS = '''
 import json, os, sys, urllib.request
