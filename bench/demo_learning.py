@@ -185,7 +185,7 @@ def _when(event: dict) -> float:
 
 def follow(api: Api, run_id: int, clicked: float, steps: int | str, budget_minutes: float | None = None) -> list[dict]:
     """Print the run's progress until it ends; its events, in order. With `budget_minutes`, the run is cancelled
-    through the API once that many minutes from the click are spent (bench/signal.py's same-minutes arms)."""
+    through the API once that many minutes from the click are spent (bench/learning_signal.py's same-minutes arms)."""
     events, after, last_step, status, cancelled = [], 0, -1, "queued", False
     while status not in FINISHED:
         time.sleep(2)
@@ -270,6 +270,15 @@ def export_png(url: str, password: str, run_id: int, path: Path) -> None:
     print(f"chart written to {path}")
 
 
+def try_export_png(url: str, password: str, run_id: int, path: Path) -> None:
+    """export_png, but a chart that cannot be drawn (no Chromium, a page that does not load) is reported and the
+    bench goes on to its RESULT: a long run's figures are never lost to the picture."""
+    try:
+        export_png(url, password, run_id, path)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 (Playwright raises its own errors)
+        print(f"chart not exported: {exc}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=20.0, help="budget from the click to the final evaluation")
@@ -320,7 +329,7 @@ def main() -> None:
         if status["status"] != "succeeded":
             print(f"run {run['id']} {status['status']}: {status.get('error', '')}\n{app.tail()}")
         if not args.no_png:
-            export_png(app.url, app.password(), run["id"], args.png)
+            try_export_png(app.url, app.password(), run["id"], args.png)
     finally:
         app.stop()
         if args.data_dir is None:

@@ -28,12 +28,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from demo_learning import FINISHED, Api, App, curve, export_png, follow, print_curve  # noqa: E402
+from demo_learning import FINISHED, Api, App, curve, follow, print_curve, try_export_png  # noqa: E402
 
 TEMPLATES = REPO / "examples" / "harnesses"
 IMPORTS = {"gemma3-270m": "gemma3", "smollm2-135m-instruct": "smollm2"}
@@ -103,6 +104,9 @@ def main() -> None:
     parser.add_argument("--models-dir", type=Path, help="a models registry to reuse (default: the data dir's own)")
     parser.add_argument("--png", type=Path, help="where the chart goes (default: docs/harness-<slug>-curve.png)")
     parser.add_argument("--no-png", action="store_true", help="do not export the chart")
+    parser.add_argument("--report", type=int, metavar="RUN_ID",
+                        help="no new run: report run RUN_ID of the bench whose --data-dir is given (one that stopped "
+                             "before its RESULT), its click taken as the run's creation")
     args = parser.parse_args()
 
     raw = template(args.harness)
@@ -115,7 +119,9 @@ def main() -> None:
     tools = REPO / "data" / "harness-tools"
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="lw-harness-bench-"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    if any(data_dir.glob("db.sqlite3")):
+    if args.report is not None and not (args.data_dir and any(data_dir.glob("db.sqlite3"))):
+        raise SystemExit("--report needs the --data-dir of the bench that ran it")
+    if args.report is None and any(data_dir.glob("db.sqlite3")):
         raise SystemExit(f"{data_dir} is not fresh (it holds a database); give a new --data-dir")
     ensure_model(preset["model"], data_dir, args.models_dir)
     # The installed agents (./lw harnesses) are shared with the fresh data dir, as a user's tools folder is.
@@ -126,12 +132,17 @@ def main() -> None:
         app.start()
         token = Api(app.url).call("auth/token/", form={"username": "admin", "password": app.password()})["token"]
         api = Api(app.url, token)
-        run, clicked = api.start_run(f"{args.harness} on {preset['dataset']}", preset["model"], config,
-                                     args.harness, preset["dataset"], preset["reward_script"])
+        if args.report is not None:
+            run = api.call(f"runs/{args.report}/")
+            clicked, config = datetime.fromisoformat(run["created_at"]).timestamp(), run["config"]
+        else:
+            run, clicked = api.start_run(f"{args.harness} on {preset['dataset']}", preset["model"], config,
+                                         args.harness, preset["dataset"], preset["reward_script"])
         print(f"run {run['id']}: {config['steps']} steps of {config['tasks_per_step']}x{config['group_size']} with "
               f"{args.harness} and {preset['model']}, evaluations of {config['eval_tasks']} val tasks x "
               f"{config.get('eval_samples', 1)}", flush=True)
-        events = follow(api, run["id"], clicked, config["steps"])
+        events = (api.every(f"runs/{run['id']}/events/?after=0") if args.report is not None
+                  else follow(api, run["id"], clicked, config["steps"]))
         status = api.call(f"runs/{run['id']}/")
         print(f"host: {status.get('host', {}).get('summary', 'not recorded')}")
         points, _ = curve(events, clicked)
@@ -140,8 +151,8 @@ def main() -> None:
         if status["status"] != "succeeded":
             print(f"run {run['id']} {status['status']}: {status.get('error', '')}\n{app.tail()}")
         if not args.no_png:
-            export_png(app.url, app.password(), run["id"],
-                       args.png or REPO / "docs" / f"harness-{args.harness}-curve.png")
+            try_export_png(app.url, app.password(), run["id"],
+                           args.png or REPO / "docs" / f"harness-{args.harness}-curve.png")
     finally:
         app.stop()
         if args.data_dir is None and status.get("status") in FINISHED:

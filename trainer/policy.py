@@ -277,10 +277,16 @@ class Policy:
             totals.add(metrics, weight=m)
         self._reduce_gradients()
         grad_norm = self._clip_gradients()
-        self.optimizer.step()
+        # A gradient of exactly 0 (every advantage 0, no KL term: no group had signal) must not move the policy.
+        # AdamW would: its momentum from the last step with signal keeps pushing the weights the same way, step
+        # after step. The norm is the whole mini-batch's (after _reduce_gradients), so every rank skips alike.
+        skipped = grad_norm == 0.0
+        if not skipped:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         result = totals.result()
         result["actor/grad_norm"] = grad_norm
+        result["train/optimizer_skipped"] = float(skipped)
         return result
 
     # Data parallel hooks (trainer.distributed.ShardedPolicy): in one process a rank trains every micro-batch.

@@ -238,3 +238,22 @@ def test_it_keeps_the_trainers_logprob_of_every_loss_token_before_the_update(ran
     assert torch.allclose(torch.tensor(flat), before, atol=1e-5)
     after, _ = policy.logprobs(random_samples)
     assert not torch.allclose(after, before, atol=1e-3)  # it did train: the kept values are the ones before
+
+
+def test_a_step_without_signal_does_not_move_the_weights(random_samples):
+    """Every advantage 0 (no group had signal) and no KL term: the gradient is 0, and the step must not move the
+    policy. AdamW would: its momentum from the last step with signal keeps pushing the weights the same way (a
+    mini-SWE-agent run with 0 groups with signal for 8 steps drifted into replies of nothing but backticks)."""
+    policy = Policy(tiny_qwen2(), TrainerConfig(learning_rate=1e-3, dtype="float32"))
+    n = len(random_samples)
+    policy.train_step(random_samples, [1.0 if i % 2 else -1.0 for i in range(n)], list(range(n)))
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    state = {k: v["exp_avg"].clone() for k, v in zip(range(3), policy.optimizer.state.values())}
+    metrics = policy.train_step(random_samples, [0.0] * n, list(range(n)))
+    assert metrics["actor/grad_norm"] == 0.0 and metrics["train/optimizer_skipped"] == 1.0
+    assert all(torch.equal(before[name], p) for name, p in policy.model.named_parameters())
+    assert all(torch.equal(state[k], v["exp_avg"]) for k, v in zip(range(3), policy.optimizer.state.values()))
+    assert policy.step == 2  # the step still counts
+    moved = policy.train_step(random_samples, [1.0 if i % 2 else -1.0 for i in range(n)], list(range(n)))
+    assert moved["train/optimizer_skipped"] == 0.0
+    assert any(not torch.equal(before[name], p) for name, p in policy.model.named_parameters())

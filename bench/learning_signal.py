@@ -1,8 +1,10 @@
 """Does dynamic sampling keep the learning signal, and does that pay? Two presets, each run twice in one invocation,
-with and without dynamic sampling, in the same minutes, judged by held-out Pass@1.
+with and without dynamic sampling, in the same minutes, judged by held-out Pass@1. (Issue 31 named it
+bench/signal.py; that name is the standard library's `signal`, which every script in bench/ would then import
+instead of the real one.)
 
-    flock /tmp/lw-heavy.lock .venv/bin/python bench/signal.py                 # demo 2 x 20 min, repo 2 x 60 min
-    flock /tmp/lw-heavy.lock .venv/bin/python bench/signal.py --only demo     # the demo pair alone
+    flock /tmp/lw-heavy.lock .venv/bin/python bench/learning_signal.py                 # demo 2 x 20 min, repo 2 x 60 min
+    flock /tmp/lw-heavy.lock .venv/bin/python bench/learning_signal.py --only demo     # the demo pair alone
 
 Each arm is what a user does (bench/demo_learning.py, bench/harness_learning.py): `manage.py up` on a fresh data
 dir, the preset's model imported offline, the preset's run created with POST /api/v1/runs/, its config as the
@@ -23,21 +25,14 @@ extra_rollouts is the rollouts dynamic sampling spent on dropped groups over the
 """
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import shutil
 import sys
-
-# This file's name is the standard library's `signal`: with bench/ first on the path (Python puts a script's folder
-# there), every later `import signal` (subprocess, asyncio) would load this file instead. Load the real one first.
-if sys.path and sys.path[0] and __file__.startswith(sys.path[0].rstrip("/") + "/"):
-    sys.path.pop(0)
-import signal  # noqa: E402,F401  (cached in sys.modules from here on)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
