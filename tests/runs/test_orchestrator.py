@@ -110,10 +110,10 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
     assert ModelCall.objects.filter(rollout__run=run, policy_version=1).exists()  # served after the first sync
     for call in calls:  # sync mode: a group admitted at version v is served by v alone
         assert call.policy_version == call.rollout.step
-    # A rollout records the version it started under (it was the run's version when the worker started: 0).
-    assert {(r.step, r.policy_version) for r in Rollout.objects.filter(run=run)} == {(0, 0), (1, 1), (2, 2)}
         # The harness asks for temperature 1.0; the proxy served the run's 0.7 and kept what was asked.
         assert call.sampling_overrides == {"temperature": 1.0}
+    # A rollout records the version it started under (it was the run's version when the worker started: 0).
+    assert {(r.step, r.policy_version) for r in Rollout.objects.filter(run=run)} == {(0, 0), (1, 1), (2, 2)}
     assert set(Rollout.objects.filter(run=run).values_list("failure_kind", flat=True)) == {""}
     by_name = {(m.name, m.step): m.value for m in run.metrics.all()}
     assert by_name[("proxy/sampling_overridden_calls", 1)] == 8.0  # 4 rollouts x 2 calls
