@@ -6,6 +6,7 @@ from runs import presets, services
 from runs.forms import CONFIG_FIELDS
 from runs.management.commands.load_demo import ensure_demo, start_demo_run
 from runs.models import Run
+from tests.runs.test_demo import demo_model  # noqa: F401 (a registry of its own holding the demo's model)
 from tests.runs.test_new_run_form import config_post, field_html
 
 pytestmark = pytest.mark.django_db
@@ -85,12 +86,7 @@ def test_a_preset_says_which_of_its_parts_the_user_lacks(alice_client):
     assert "harness &#x27;mini-swe-agent-text&#x27;, dataset &#x27;repo-tasks&#x27;, reward script" in missing
 
 
-def test_the_demo_button_tags_its_run(alice, settings):
-    from pathlib import Path
-
-    (Path(settings.LIGHTNING_MODELS_DIR) / "smollm2-135m-instruct").mkdir(exist_ok=True)
-    for name, text in (("config.json", '{"model_type": "llama"}'),
-                       ("lightning_model.json", '{"name": "smollm2-135m-instruct", "origin": "t", "params": 1}')):
-        (Path(settings.LIGHTNING_MODELS_DIR) / "smollm2-135m-instruct" / name).write_text(text)
+def test_the_demo_button_tags_its_run(alice, demo_model):
     run = start_demo_run(alice)
+    assert run.model == demo_model
     assert run.config["extra"] == {"preset": "arith-demo"} and run.config["steps"] == 15
