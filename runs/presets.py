@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from runs import harness_templates, signal
-from runs.models import Metric, Run
+from runs.models import Run
 
 DEMO_SLUG = "arith-demo"
 DEMO_FILE = settings.BASE_DIR / "examples" / "arith" / "preset.json"
@@ -72,11 +72,7 @@ def last_run_signal(user, slug: str) -> dict[str, Any] | None:
     run = runs.only("pk", "name", "step", "config").first()
     if run is None:
         return None
-    by_step: dict[int, dict[str, float]] = {}
-    for name, step, value in Metric.objects.filter(run=run, name__in=signal.METRICS).values_list(
-            "name", "step", "value"):
-        by_step.setdefault(step, {})[name] = value
-    rows = signal.step_figures(run, by_step)
+    rows = signal.step_figures(run)
     sampled = [r["sampled_signal_share"] for r in rows if r["sampled_signal_share"] is not None]
     trained = [r["signal_share"] for r in rows if r["signal_share"] is not None]
     return {"run": run.pk, "name": run.name, "steps": run.step,

@@ -29,15 +29,22 @@ def sampled_share(values: dict[str, float]) -> float | None:
     return values.get("groups/with_signal", 0.0) / total if total else None
 
 
+def metrics_by_step(run: Run, names, step_min: int | None = None) -> dict[int, dict[str, float]]:
+    """step -> metric name -> value of the run's metrics `names` (from step `step_min` on), in one query."""
+    by_step: dict[int, dict[str, float]] = {}
+    for name, step, value in selectors.run_metrics(run, list(names), step_min=step_min).values_list(
+            "name", "step", "value"):
+        by_step.setdefault(step, {})[name] = value
+    return by_step
+
+
 def step_figures(run: Run, by_step: dict[int, dict[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row a step: groups sampled, with signal, trained, trained with signal, dropped without signal, the
     extra rollouts spent, the trained share (what the update learnt from) and the sampled share.
 
     `by_step` (step -> metric name -> value, METRICS among them) spares the query when the caller read them."""
     if by_step is None:
-        by_step = {}
-        for name, step, value in selectors.run_metrics(run, list(METRICS)).values_list("name", "step", "value"):
-            by_step.setdefault(step, {})[name] = value
+        by_step = metrics_by_step(run, METRICS)
     rows = []
     for step in sorted(by_step):
         v = by_step[step]

@@ -67,11 +67,7 @@ def run_header(run: Run) -> dict:
     elapsed = (end - run.started_at).total_seconds() if run.started_at else None
     total = _total_steps(run)
     # One query for both the ETA's step times and the signal notice: the metrics of the last ETA_WINDOW steps.
-    recent: dict[int, dict[str, float]] = {}
-    for name, step, value in selectors.run_metrics(run, ["time/step", *signal.METRICS],
-                                                   step_min=run.step - ETA_WINDOW + 1).values_list(
-            "name", "step", "value"):
-        recent.setdefault(step, {})[name] = value
+    recent = signal.metrics_by_step(run, ["time/step", *signal.METRICS], step_min=run.step - ETA_WINDOW + 1)
     eta = None
     if total is not None and not run.is_finished and run.status != RunStatus.QUEUED:
         step_times = [v["time/step"] for _, v in sorted(recent.items()) if "time/step" in v]
