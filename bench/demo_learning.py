@@ -183,23 +183,50 @@ def _when(event: dict) -> float:
     return datetime.fromisoformat(event["created_at"]).timestamp()
 
 
+BUDGET_GRACE_MINUTES = 15.0
+"""How far past its budget a budgeted run may go (a step or an evaluation far longer than measured) before it is
+cancelled outright."""
+
+
 def follow(api: Api, run_id: int, clicked: float, steps: int | str, budget_minutes: float | None = None) -> list[dict]:
-    """Print the run's progress until it ends; its events, in order. With `budget_minutes`, the run is cancelled
-    through the API once that many minutes from the click are spent (bench/learning_signal.py's same-minutes arms)."""
-    events, after, last_step, status, cancelled = [], 0, -1, "queued", False
+    """Print the run's progress until it ends; its events, in order.
+
+    With `budget_minutes` (bench/learning_signal.py's same-minutes arms), the run is asked to finish (POST
+    runs/{id}/finish/: the step in progress becomes its last, then its final evaluation) as soon as one more step
+    would no longer fit: once the minutes spent, what is left of the step in progress, one more step (the median
+    so far) and an evaluation (the last one's) pass the budget. So every arm ends with an evaluation near its
+    budget, whatever its step length. A run still going BUDGET_GRACE_MINUTES past it is cancelled."""
+    events, after, last_step, status, finishing, cancelled = [], 0, -1, "queued", False, False
+    step_seconds, eval_seconds, step_ended = [], 0.0, time.time()
     while status not in FINISHED:
         time.sleep(2)
         new = api.every(f"runs/{run_id}/events/?after={after}")
         events += new
         after = new[-1]["seq"] if new else after
+        for event in new:
+            values = event["payload"].get("values", {}) if event["kind"] == "run.metrics" else {}
+            if "time/step" in values:
+                step_seconds.append(values["time/step"])
+            eval_seconds = values.get("eval/seconds", eval_seconds)
         run = api.call(f"runs/{run_id}/")
         status = run["status"]
-        spent = (time.time() - clicked) / 60
+        now = time.time()
+        spent = (now - clicked) / 60
         if run["step"] != last_step or status in FINISHED:
-            last_step = run["step"]
+            last_step, step_ended = run["step"], now
             print(f"  {spent:5.1f} min  step {last_step}/{steps}  {status}  {run.get('phase', '')}", flush=True)
-        if budget_minutes is not None and spent >= budget_minutes and not cancelled and status not in FINISHED:
-            print(f"  {spent:5.1f} min  budget spent: cancelling at step {last_step}", flush=True)
+        if budget_minutes is None or status in FINISHED:
+            continue
+        if step_seconds and not finishing and status == "running":
+            step_s = sorted(step_seconds)[len(step_seconds) // 2]
+            left_of_this_step = max(0.0, step_s - (now - step_ended))
+            if spent + (left_of_this_step + step_s + eval_seconds) / 60 >= budget_minutes:
+                print(f"  {spent:5.1f} min  another step ({step_s:.0f} s) and the evaluation ({eval_seconds:.0f} s) "
+                      f"would pass {budget_minutes:g} min: finishing after step {last_step + 1}", flush=True)
+                api.call(f"runs/{run_id}/finish/", body={})
+                finishing = True
+        if spent >= budget_minutes + BUDGET_GRACE_MINUTES and not cancelled:
+            print(f"  {spent:5.1f} min  {BUDGET_GRACE_MINUTES:g} min past the budget: cancelling", flush=True)
             api.call(f"runs/{run_id}/cancel/", body={})
             cancelled = True
     return events + api.every(f"runs/{run_id}/events/?after={after}")

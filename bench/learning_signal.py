@@ -8,11 +8,13 @@ instead of the real one.)
 
 Each arm is what a user does (bench/demo_learning.py, bench/harness_learning.py): `manage.py up` on a fresh data
 dir, the preset's model imported offline, the preset's run created with POST /api/v1/runs/, its config as the
-preset has it but for `dynamic_sampling` (on or off), `eval_every` (an evaluation every few steps, so the run has
-a Pass@1 to read whenever the budget ends) and a step count the budget cannot reach. The bench cancels the run
-through the API once the arm's minutes (from the click) are spent; the arm's gain is its last evaluation's Pass@1
-minus its first (step 0). Both arms of a preset get the same minutes: the arm with dynamic sampling trains fewer
-steps in them, since each of its steps may sample up to dynamic_sampling_max_extra x the batch more.
+preset has it but for `dynamic_sampling` (on or off), `eval_every` (0 by default: an evaluation at step 0 and at
+the end only, so neither arm spends its minutes on more evaluations than the other) and a step count the budget
+cannot reach. The bench asks the run to finish (POST runs/{id}/finish/) as soon as one more step and the final
+evaluation would no longer fit the arm's minutes from the click (demo_learning.follow); the run then ends with an
+evaluation at its last step, and the arm's gain is that Pass@1 minus step 0's. Both arms of a preset get the same
+minutes: the arm with dynamic sampling trains fewer steps in them, since each of its steps may sample up to
+dynamic_sampling_max_extra x the batch more.
 
 The presets: the demo (examples/arith/preset.json; val wordings no train task uses) and the repository suite's
 (the mini-SWE-agent template's preset, examples/repo_tasks; val templates no train task uses).
@@ -49,6 +51,7 @@ class Arm:
     dynamic: bool
     minutes: float
     points: list | None = None
+    minutes_used: float = math.nan
     status: str = "not started"
     error: str = ""
 
@@ -92,7 +95,8 @@ def run_arm(arm: Arm, models_dir: Path, eval_every: int, eval_tasks: int | None,
         events = follow(api, run["id"], clicked, "budget", budget_minutes=arm.minutes)
         final = api.call(f"runs/{run['id']}/")
         arm.status, arm.error = final["status"], final.get("error") or ""
-        arm.points, _ = curve(events, clicked)
+        arm.points, statuses = curve(events, clicked)
+        arm.minutes_used = max(statuses.values(), default=math.nan)
     finally:
         app.stop()
         if keep is None:
@@ -100,7 +104,8 @@ def run_arm(arm: Arm, models_dir: Path, eval_every: int, eval_tasks: int | None,
 
 
 def print_arm(arm: Arm) -> None:
-    print(f"\n{arm.name}: {arm.status}{(': ' + arm.error.splitlines()[0]) if arm.error and arm.status == 'failed' else ''}")
+    print(f"\n{arm.name}: {arm.status} after {arm.minutes_used:.1f} min"
+          f"{(': ' + arm.error.splitlines()[0]) if arm.error and arm.status == 'failed' else ''}")
     print("minutes  step  reward  groups: sampled signal trained dropped  share(trained) share(sampled) | eval pass@1")
     for minutes, step, v in arm.points or []:
         if "eval/pass@1" in v:
@@ -131,8 +136,10 @@ def main() -> None:
     parser.add_argument("--only", choices=("demo", "repo"), help="run one preset's pair (the other reads nan)")
     parser.add_argument("--demo-minutes", type=float, default=20.0, help="minutes per demo arm, from the click")
     parser.add_argument("--repo-minutes", type=float, default=60.0, help="minutes per repository-suite arm")
-    parser.add_argument("--demo-eval-every", type=int, default=5, help="steps between the demo arms' evaluations")
-    parser.add_argument("--repo-eval-every", type=int, default=3, help="steps between the repo arms' evaluations")
+    parser.add_argument("--demo-eval-every", type=int, default=0,
+                        help="steps between the demo arms' evaluations (0: at step 0 and at the end only)")
+    parser.add_argument("--repo-eval-every", type=int, default=0,
+                        help="steps between the repo arms' evaluations (0: at step 0 and at the end only)")
     parser.add_argument("--demo-eval-tasks", type=int, help="val tasks per demo evaluation (default: the preset's)")
     parser.add_argument("--repo-eval-tasks", type=int, default=14,
                         help="val tasks per repo evaluation (2 of each of the 7 val templates)")
@@ -163,7 +170,8 @@ def main() -> None:
     extra = sum(v.get("rollout/extra", 0.0) for a in on for v in steps_of(a))
     trained_rollouts = sum(v["groups/trained"] * preset_of(a.preset)["config"]["group_size"]
                            for a in on for v in steps_of(a))
-    per_arm = " ".join(f"{a.name}_steps={len(steps_of(a))} {a.name}_status={a.status}" for a in arms)
+    per_arm = " ".join(f"{a.name}_steps={len(steps_of(a))} {a.name}_minutes={a.minutes_used:.1f} "
+                       f"{a.name}_status={a.status}" for a in arms)
     print(f"RESULT demo_gain_on={gain(by_name.get('demo_on')):.1f} demo_gain_off={gain(by_name.get('demo_off')):.1f} "
           f"repo_gain_on={gain(by_name.get('repo_on')):.1f} repo_gain_off={gain(by_name.get('repo_off')):.1f} "
           f"signal_share_on={mean_share(on):.3f} signal_share_off={mean_share([a for a in arms if not a.dynamic]):.3f} "

@@ -21,7 +21,7 @@ from runs import durability, executors, isolation, registry, rollout_services, s
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource
-from runs.models import Run, RunStatus
+from runs.models import Metric, Run, RunStatus
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from runs.recorder import DjangoRecorder, cached_directory
 from trainer import scheduler
@@ -76,8 +76,9 @@ def execute(run_id: int, generation: int) -> str:
 
 async def _execute(run_id: int, generation: int) -> str:
     """The run as one task that a cancel stops at any moment: engine start, evaluation, rollouts or training."""
-    main = asyncio.create_task(_serve_and_train(run_id, generation))
-    watcher = asyncio.create_task(_watch(run_id, generation, main))
+    finish = Finish()
+    main = asyncio.create_task(_serve_and_train(run_id, generation, finish))
+    watcher = asyncio.create_task(_watch(run_id, generation, main, finish))
     try:
         status = await main  # the run's processes are all stopped once it returns
         return await _end(run_id, generation, status, None)
@@ -119,7 +120,7 @@ def record_host(run_id: int, config: TrainerConfig) -> tuple[TrainerConfig, str]
     return resolved, line
 
 
-async def _serve_and_train(run_id: int, generation: int) -> str:
+async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
     folder = await db(model_folder)(run)
@@ -165,12 +166,12 @@ async def _serve_and_train(run_id: int, generation: int) -> str:
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:
             return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids,
-                                resume, generation)
+                                resume, generation, finish)
         finally:
             await asyncio.to_thread(server.stop)
 
 
-async def _train(run, config, folder, engine, server, workdir, train_ids, resume, generation) -> str:
+async def _train(run, config, folder, engine, server, workdir, train_ids, resume, generation, finish) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,13 +195,18 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
     try:
         source = HarnessSource(run, config, server, workdir, train_ids)
         return await _unless_engine_dies(getattr(engine.engine, "server", None), source, _steps(
-            run, config, engine, server, workdir, resume, generation, tokenizer, policy, source))
+            run, config, engine, server, workdir, resume, generation, tokenizer, policy, source, finish))
     finally:
         await asyncio.to_thread(policy.close)
 
 
-async def _steps(run, config, engine, server, workdir, resume, generation, tokenizer, policy, source) -> str:
+async def _steps(run, config, engine, server, workdir, resume, generation, tokenizer, policy, source,
+                 finish: Finish) -> str:
     evaluator = Evaluator(run, config, source)
+
+    def last_step() -> int:
+        return finish.last_step(config.steps)
+
     if resume is None:
         await evaluator.maybe(0, force=True)
     else:  # the checkpoint's step was evaluated (if due) before the checkpoint was recorded
@@ -214,9 +220,9 @@ async def _steps(run, config, engine, server, workdir, resume, generation, token
         await db(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
                                                _sample_rows(report), _drift_rows(report), report.metrics,
                                                _batch_rows(report))
-        await _log(run.pk, f"step {report.policy_version}/{config.steps}: reward "
+        await _log(run.pk, f"step {report.policy_version}/{last_step()}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
-        await evaluator.maybe(report.policy_version, force=report.policy_version == config.steps)
+        await evaluator.maybe(report.policy_version, force=report.policy_version >= last_step())
 
     async def on_checkpoint(path: Path, step: int) -> None:
         await db(services.record_checkpoint)(run.pk, generation, str(path), step)
@@ -227,8 +233,14 @@ async def _steps(run, config, engine, server, workdir, resume, generation, token
 
     await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
                         checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint, on_phase=on_phase,
-                        first_group_id=resume.next_group_id if resume else 0)
+                        first_group_id=resume.next_group_id if resume else 0, last_step=last_step)
+    if not await db(_evaluated)(run.pk, policy.step):  # asked to finish after its last step's on_step returned
+        await evaluator.maybe(policy.step, force=True)
     return RunStatus.SUCCEEDED
+
+
+def _evaluated(run_id: int, step: int) -> bool:
+    return Metric.objects.filter(run_id=run_id, step=step, name__startswith="eval/").exists()
 
 
 ENGINE_POLL_S = 1.0
@@ -321,11 +333,26 @@ def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:
 CANCEL, LOST = "cancel", "lost"
 
 
-async def _watch(run_id: int, generation: int, training: asyncio.Task) -> str | None:
+class Finish:
+    """The step a run ends at, lowered while it trains when its owner asks it to finish now (services.finish_run
+    writes a smaller `steps` in its config; `_watch` reads it): the scheduler stops after that step, and the run
+    evaluates and succeeds as if that had been its step count."""
+
+    def __init__(self) -> None:
+        self.steps: int | None = None
+
+    def last_step(self, configured: int) -> int:
+        return configured if self.steps is None else min(configured, self.steps)
+
+
+async def _watch(run_id: int, generation: int, training: asyncio.Task, finish: Finish | None = None) -> str | None:
     """Stop the run's work when its owner cancels it (CANCEL) or this worker no longer holds it (LOST: the sweep
-    took it for lost, another worker resumed it)."""
+    took it for lost, another worker resumed it); hand a smaller step count (finish now) to `finish`."""
     while not training.done():
-        status, starts = await db(lambda: Run.objects.values_list("status", "worker_starts").get(pk=run_id))()
+        status, starts, steps = await db(lambda: Run.objects.values_list(
+            "status", "worker_starts", "config__steps").get(pk=run_id))()
+        if finish is not None and isinstance(steps, int):
+            finish.steps = steps
         reason = LOST if starts != generation or status not in services.HELD else (
             CANCEL if status == RunStatus.CANCELLING else None)
         if reason is not None:

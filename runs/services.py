@@ -377,6 +377,29 @@ def cancel_run(run: Run, user) -> Run:
     raise InvalidTransition(f"run {run.pk} is {run.status}; only queued, starting or running runs can be cancelled")
 
 
+def finish_run(run: Run, user) -> Run:
+    """Finish a starting or running run early: the step it trains now (or its next, while it starts) becomes its
+    last; it then evaluates, checkpoints and succeeds as if that had been its step count (its config's `steps`
+    says so, and `continue` can add more later). Its worker reads the new count within a second
+    (runs.orchestrator.Finish)."""
+    check_owner(user, run)
+    with transaction.atomic():
+        current = Run.objects.select_for_update().get(pk=run.pk)
+        if current.status not in (RunStatus.STARTING, RunStatus.RUNNING):
+            raise InvalidTransition(f"run {run.pk} is {current.status}; only starting or running runs can be "
+                                    "finished early")
+        configured = int(current.config.get("steps", 0))
+        last = min(configured, current.step + 1)
+        if last < configured:
+            current.config = {**current.config, "steps": last}
+            current.save(update_fields=["config", "updated_at"])
+            emit_event(run.pk, events.RUN_LOG, {"line": f"finish requested by its owner: the run ends after step "
+                                                        f"{last} (of {configured}) with an evaluation",
+                                                "steps": last})
+    logger.info("run %s: finish after step %s requested", run.pk, last)
+    return current
+
+
 def set_run_phase(run_id: int, phase: str, progress: float | None = None) -> None:
     """Say what the run is doing now (shown on the run page), e.g. 'starting the engine: loading weights'.
 

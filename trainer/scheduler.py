@@ -146,12 +146,14 @@ class Scheduler:
                  on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
                  checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
                  on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None,
-                 on_phase: Callable[[str], Awaitable[None] | None] | None = None):
+                 on_phase: Callable[[str], Awaitable[None] | None] | None = None,
+                 last_step: Callable[[], int] | None = None):
         """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
         `on_phase` hears what the loop does now, when it changes ("step 3: generating", "step 3: training", ...);
         checkpoints go to `checkpoint_dir`/step-NNNNNN, and `on_checkpoint(path, step)` hears of each one once it
         is complete and that step's `on_step` has returned; a resumed run passes a `first_group_id` past the ids it
-        already used."""
+        already used. `last_step`, read before every admission and batch, may end the run before `config.steps`
+        (its owner's "finish now"): the loop stops once the policy reaches it, with a checkpoint of that step."""
         self.policy, self.engine, self.source = policy, engine, source
         self.config: TrainerConfig = policy.config
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
@@ -160,6 +162,7 @@ class Scheduler:
         self.no_signal: list[_Group] = []  # dropped by dynamic sampling since the last step (reported with the next)
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
+        self._last_step = last_step
         # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
         self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
@@ -167,14 +170,19 @@ class Scheduler:
     def version(self) -> int:
         return self.policy.version
 
+    @property
+    def last_step(self) -> int:
+        """The step the run ends at: `config.steps`, or fewer once its owner asked it to finish."""
+        return self.config.steps if self._last_step is None else min(self.config.steps, self._last_step())
+
     async def run(self) -> list[StepReport]:
-        """Train until `config.steps` steps are done (resuming from the policy's step), then cancel the rest."""
+        """Train until `last_step` steps are done (resuming from the policy's step), then cancel the rest."""
         if self.policy.step == 0:  # a fresh run starts from the seed; a resumed one keeps the checkpoint's RNG
             torch.manual_seed(self.config.seed)
             random.seed(self.config.seed)
         clock = _Clock(self.engine, self.source)
         try:
-            while self.policy.step < self.config.steps:
+            while self.policy.step < self.last_step:
                 await self._admit()
                 batch = self._ready_batch()
                 if batch is not None:
@@ -202,7 +210,7 @@ class Scheduler:
         # more than (max_staleness + 1) steps of groups in flight would make some step exceed the bound or
         # train more than tasks_per_step groups.
         bound = (c.effective_max_staleness + 1) * c.tasks_per_step
-        needed = (c.steps - self.policy.step) * c.tasks_per_step
+        needed = max(0, self.last_step - self.policy.step) * c.tasks_per_step
         while len(self.groups) < min(c.effective_groups_in_flight, bound, needed):
             request = GroupRequest(self.next_group_id, c.group_size, self.version)
             self.next_group_id += 1
@@ -368,7 +376,7 @@ class Scheduler:
 
     def _checkpoint_due(self) -> bool:
         every, step = self.config.checkpoint_every, self.policy.step
-        return self.checkpoint_dir is not None and (step == self.config.steps or bool(every and step % every == 0))
+        return self.checkpoint_dir is not None and (step == self.last_step or bool(every and step % every == 0))
 
     def _maybe_checkpoint(self) -> Path | None:
         """The policy's checkpoint plus the scheduler's counters, written under a temporary name and renamed:

@@ -159,6 +159,14 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
     @extend_schema(request=None, responses=s.RunSerializer)
     @action(detail=True, methods=["post"])
+    def finish(self, request, pk=None):
+        """End a starting or running run after the step it trains now: it then evaluates, saves a checkpoint and
+        succeeds, its config's `steps` lowered to that step (continue adds more later)."""
+        run = services.finish_run(self.get_object(), request.user)
+        return Response(s.RunSerializer(run).data)
+
+    @extend_schema(request=None, responses=s.RunSerializer)
+    @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
         """Put a failed or cancelled run back in the queue; it goes on from its last checkpoint."""
         run = services.resume_run(self.get_object(), request.user)

@@ -1,4 +1,4 @@
-"""A run's page (header, live charts, rollouts table, event log), its actions (cancel, resume, continue), and the JSON
+"""A run's page (header, live charts, rollouts table, event log), its actions (cancel, finish, resume, continue), and the JSON
 its scripts read (metric series, a page of rollouts). A rollout's page is runs/pages/rollout_page.py."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from runs import pools, rollout_queries, selectors, services, signal
 from runs.models import RolloutStatus, Run, RunStatus
 
 CANCELLABLE = (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
+FINISHABLE = (RunStatus.STARTING, RunStatus.RUNNING)  # services.finish_run
 ETA_WINDOW = 20  # recent steps whose median time the ETA uses (static/js/run_events.js uses as many)
 
 
@@ -33,6 +34,7 @@ def _render_detail(request, run: Run, action_error: str = "", status: int = 200)
     header = run_header(run)
     return render(request, "runs/detail.html", {
         "run": run, "header": header, "cancellable": run.status in CANCELLABLE,
+        "finishable": run.status in FINISHABLE and (_total_steps(run) or 0) > run.step + 1,
         "action_error": action_error, "rollout_statuses": RolloutStatus.values,
         "page_config": {"run": run.pk, "name": run.name, "status": run.status, "step": run.step,
                         "steps": _total_steps(run), "started_at": _iso(run.started_at),
@@ -110,6 +112,19 @@ def run_cancel(request, run_id: int):
 
 @login_required
 @require_POST
+def run_finish(request, run_id: int):
+    """The Finish button: the step in progress becomes the run's last (services.finish_run)."""
+    run = _owned_run(request, run_id)
+    try:
+        services.finish_run(run, request.user)
+    except services.ServiceError as exc:
+        run.refresh_from_db()
+        return _render_detail(request, run, str(exc), status=409)
+    return redirect("run-detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
 def run_go_on(request, run_id: int, how: str):
     """The run page's Resume (failed or cancelled) and Continue (succeeded, for N more steps) buttons."""
     run = _owned_run(request, run_id)
@@ -166,6 +181,7 @@ def run_rollouts(request, run_id: int):
 urlpatterns = [
     path("runs/<int:run_id>/", run_detail, name="run-detail"),
     path("runs/<int:run_id>/cancel/", run_cancel, name="run-cancel"),
+    path("runs/<int:run_id>/finish/", run_finish, name="run-finish"),
     path("runs/<int:run_id>/resume/", run_go_on, {"how": "resume"}, name="run-resume"),
     path("runs/<int:run_id>/continue/", run_go_on, {"how": "continue"}, name="run-continue"),
     path("runs/<int:run_id>/series/", run_metric_series, name="run-metric-series"),

@@ -2,6 +2,7 @@
 // log as readable lines, both kept current from the run's events (run_page.js feeds them). Text, never HTML.
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const CANCELLABLE = new Set(["queued", "starting", "running"]);
+const FINISHABLE = new Set(["starting", "running"]);  // services.finish_run
 const LOG_LIMIT = 500;
 const ETA_WINDOW = 20;  // the median of the last 20 step times (as runs.pages.run_page.ETA_WINDOW)
 const LOG_METRICS = ["reward/mean", "reward/std", "eval/pass@1", "eval/pass@1_greedy", "loss/total", "time/step"];
@@ -80,6 +81,8 @@ export class RunHeader {
                                              dropped: payload.values["groups/dropped_no_signal"] || 0 });
         this.showSignal();
       }
+    } else if (kind === "run.log" && fresh && typeof payload.steps === "number") {
+      this.setSteps(payload.steps);  // finished early by its owner (services.finish_run): fewer steps in all
     } else if (kind === "run.resumed") {
       if (fresh) {
         this.setStep(payload.step, true);
@@ -123,6 +126,7 @@ export class RunHeader {
       this.finishedAt = null;
     }
     this.el("cancel-form").hidden = !CANCELLABLE.has(status);
+    if (!FINISHABLE.has(status)) this.el("finish-form").hidden = true;
     const waiting = this.el("run-waiting");  // "waiting for pool X (n ahead)", drawn by the server while queued
     if (waiting && status !== "queued") waiting.hidden = true;
     // Resume / continue forms are drawn by the server for the status it saw; a run that ends later needs a reload.
@@ -137,6 +141,15 @@ export class RunHeader {
     this.el("run-policy-version").textContent = String(this.step);
     const bar = this.el("run-step-progress");
     if (bar) bar.value = this.step;
+  }
+
+  setSteps(steps) {
+    this.steps = steps;
+    const total = this.el("run-steps");
+    if (total) total.textContent = String(steps);
+    const bar = this.el("run-step-progress");
+    if (bar) bar.max = steps;
+    this.el("finish-form").hidden = true;  // it is asked; once is enough
   }
 
   showPhase(phase, progress) {

@@ -80,6 +80,34 @@ def test_others_cannot_cancel_or_see(alice, bob_api, make_run):
     assert Run.objects.get(pk=run.pk).status == "queued"
 
 
+def test_finish_makes_the_step_in_progress_the_last(alice_api, alice, bob_api, make_run):
+    run = make_run(alice, config={"steps": 50})
+    assert alice_api.post(f"{URL}{run.pk}/finish/").status_code == 409  # queued: nothing trains yet (cancel it)
+    services.transition_run(run.pk, "starting")
+    services.transition_run(run.pk, "running")
+    Run.objects.filter(pk=run.pk).update(step=6)
+    assert bob_api.post(f"{URL}{run.pk}/finish/").status_code == 404
+    assert Run.objects.get(pk=run.pk).config["steps"] == 50
+
+    response = alice_api.post(f"{URL}{run.pk}/finish/")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert body["status"] == "running" and body["config"]["steps"] == 7  # step 7 is being trained: it is the last
+    run.refresh_from_db()
+    assert run.config["steps"] == 7 and run.config["mode"] == body["config"]["mode"]  # the rest as it was
+    event = RunEvent.objects.filter(run=run, kind="run.log").latest("seq")
+    assert event.payload == {"line": "finish requested by its owner: the run ends after step 7 (of 50) with an "
+                                     "evaluation", "steps": 7}
+    # Asked again: already on its last step, nothing changes and no second line.
+    assert alice_api.post(f"{URL}{run.pk}/finish/").json()["config"]["steps"] == 7
+    assert RunEvent.objects.filter(run=run, kind="run.log").count() == 1
+
+    services.transition_run(run.pk, "succeeded")
+    response = alice_api.post(f"{URL}{run.pk}/finish/")
+    assert response.status_code == 409 and "only starting or running runs can be finished" in \
+        response.json()["error"]["message"]
+
+
 def test_clone(alice_api, alice, make_run):
     run = make_run(alice, config={"steps": 5})
     response = alice_api.post(f"{URL}{run.pk}/clone/", {"name": "again"}, format="json")

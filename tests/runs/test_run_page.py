@@ -106,6 +106,35 @@ def test_cancel_of_a_finished_run_says_why_it_is_refused(client, alice, make_run
     assert Run.objects.get(pk=run.pk).status == "failed"
 
 
+def test_finish_after_this_step_lowers_the_steps_of_a_running_run(client, alice, bob, make_run):
+    run = make_run(alice, config={"steps": 30})
+    client.force_login(alice)
+    assert 'id="finish-form" hidden' in client.get(f"/runs/{run.pk}/").content.decode()  # queued: not yet
+    services.transition_run(run.pk, "starting")
+    services.transition_run(run.pk, "running")
+    Run.objects.filter(pk=run.pk).update(step=3)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    form = html[html.index('id="finish-form"'):]
+    assert not form.startswith('id="finish-form" hidden') and "Finish after this step" in form[:form.index("</form>")]
+    other = Client()
+    other.force_login(bob)
+    assert other.post(f"/runs/{run.pk}/finish/").status_code == 404
+    assert client.get(f"/runs/{run.pk}/finish/").status_code == 405
+
+    response = client.post(f"/runs/{run.pk}/finish/")
+    assert response.status_code == 302 and response.url == f"/runs/{run.pk}/"
+    run.refresh_from_db()
+    assert run.status == "running" and run.config["steps"] == 4
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="finish-form" hidden' in html  # on its last step now
+    assert page_config(html)["steps"] == 4 and '<span id="run-steps">4</span>' in html
+
+    services.transition_run(run.pk, "succeeded")
+    response = client.post(f"/runs/{run.pk}/finish/")
+    assert response.status_code == 409 and "only starting or running runs can be finished early" in \
+        response.content.decode()
+
+
 def test_cancel_needs_post_csrf_and_ownership(alice, bob, make_run):
     run = make_run(bob)
     client = Client(enforce_csrf_checks=True)

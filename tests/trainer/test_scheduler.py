@@ -127,6 +127,36 @@ async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
     assert source.cancelled == [1, 2, 3]
 
 
+async def test_a_lowered_last_step_ends_the_run_after_the_step_in_progress_with_its_checkpoint(tmp_path):
+    """Finish now (runs.orchestrator.Finish): the owner lowers the step count while step 2 is generated; the loop
+    trains step 2, checkpoints it as the last one, cancels the groups launched ahead and admits no more."""
+    engine = SpyEngine()
+    source = TickSource(engine, durations=lambda g: 1 + g)
+    target = {"steps": 100}
+
+    def on_step(report):
+        if report.step == 1:
+            target["steps"] = 2  # asked while step 2's groups are already in flight
+
+    config = {"mode": "async", "tasks_per_step": 1, "steps": 100, "max_staleness": 1, "checkpoint_every": 0}
+    scheduler = Scheduler(policy(**config), engine, source, on_step=on_step, checkpoint_dir=tmp_path,
+                          last_step=lambda: target["steps"])
+    reports = await scheduler.run()
+    assert [r.step for r in reports] == [1, 2]
+    assert scheduler.last_step == 2 and scheduler.policy.step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002"]  # the last step's checkpoint, for continue
+    trained = {int(s.rollout_id.split("/")[0]) for r in reports for s in r.samples}
+    assert trained == {0, 1}
+    assert source.cancelled == [g.group_id for g in source.launched if g.group_id not in trained] != []
+    assert len(source.launched) <= 4  # nothing admitted for steps past the new last one
+
+
+async def test_a_last_step_above_the_configured_steps_changes_nothing():
+    engine = SpyEngine()
+    reports = await Scheduler(policy(steps=2), engine, TickSource(engine), last_step=lambda: 50).run()
+    assert [r.step for r in reports] == [1, 2]
+
+
 async def test_infrastructure_failures_leave_both_the_loss_and_the_baseline():
     engine = SpyEngine()
     rewards = {0: 1.0, 1: 0.0, 2: 0.0}
