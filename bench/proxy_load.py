@@ -3,7 +3,7 @@
     flock /tmp/lw-heavy.lock .venv/bin/python bench/proxy_load.py                 # 64 harnesses, >= 10,000 calls
     .venv/bin/python bench/proxy_load.py --harnesses 16 --calls 20                # a quick look
 
-The proxy is wired as runs/orchestrator.py wires it: `create_app(cached_directory(ttl_s=0.5), DjangoRecorder(),
+The proxy is wired as runs/orchestrator.py wires it: `create_app(cached_directory(run_id, ttl_s=0.5), DjangoRecorder(),
 ...)` served by ProxyServer on its own thread, recording ModelCall rows through runs.recorder into a fresh
 PostgreSQL database (`<DATABASE_URL's name>_proxyload_<pid>`, dropped at the end unless --keep). Only the LLM
 upstream is a fake: tests/proxy/fake_upstream.FakeVLLM in its own process, answering like vLLM with prompt token
@@ -373,7 +373,7 @@ def run_load(harnesses: int, calls: int, workdir: Path, latency_s: float = 0.2, 
         processes.append(upstream)
         _wait_ready(upstream_url + "/models", upstream, "fake engine")
         recorder = timed_recorder()
-        app = create_app(cached_directory(ttl_s=0.5), recorder,
+        app = create_app(cached_directory(run.pk, ttl_s=0.5), recorder,
                          UpstreamConfig(base_url=upstream_url, served_model="load-model"))
         server = ProxyServer(app, host="127.0.0.1", port=0).start()
 

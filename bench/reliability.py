@@ -5,7 +5,7 @@ output in a log folder, reads their `RESULT` lines (and pytest's JUnit XML for t
 table RELIABILITY.md holds, then one last line:
 
     RESULT api_5xx=<n> api_cases=<n> faults_passed=<k>/<m> lost_records=<n> load_recorded_equals_sent=<bool>
-           isolation_escapes=<n>
+           isolation_escapes=<n> cross_run_key_escapes=<n>
 
 Database and Redis come from the environment as for any test run (DATABASE_URL, REDIS_URL,
 LIGHTNING_TEST_REDIS_DB). The fault tests and the proxy benchmarks start vLLM, Celery workers and servers of
@@ -129,7 +129,8 @@ def main() -> None:
     equal = "true" if recorded == sent and sent > 0 else "false"
     print(f"RESULT api_5xx={api.get('api_5xx', 'none')} api_cases={api.get('api_cases', 0)} "
           f"faults_passed={passed}/{len(cases)} lost_records={lost} load_recorded_equals_sent={equal} "
-          f"isolation_escapes={isolation.get('isolation_escapes', 'none')}")
+          f"isolation_escapes={isolation.get('isolation_escapes', 'none')} "
+          f"cross_run_key_escapes={isolation.get('cross_run_key_escapes', 'none')}")
     failed = [part.name for part in parts if part.exit_code != 0]
     sys.exit(1 if failed else 0)
 

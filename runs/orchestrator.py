@@ -161,7 +161,7 @@ async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
         replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
         upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas,
                                   served_model=engine_config.served_model_name, sampling=config.sampling)
-        app = create_app(cached_directory(ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version,
+        app = create_app(cached_directory(run_id, ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version,
                          replica_alive=getattr(engine, "replica_running", None))
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:

@@ -68,16 +68,21 @@ class DjangoRecorder:
 
 
 class DjangoDirectory:
-    """Looks rollouts up in the database: secret hash, finished state, next call seq, split and own sampling."""
+    """Looks the rollouts of one run up in the database: secret hash, finished state, next call seq, split and own
+    sampling. A rollout of any other run is unknown here (404), whatever its key: a run's proxy opens to the
+    harnesses of that run only, also where several runs' proxies share a host or a network (docs/deployment.md)."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
 
     async def get(self, rollout_id: str) -> RolloutInfo | None:
         if not rollout_id.isdigit():
             return None
-        return await db(_rollout_info)(int(rollout_id))
+        return await db(_rollout_info)(self.run_id, int(rollout_id))
 
 
-def _rollout_info(rollout_id: int) -> RolloutInfo | None:
-    row = (Rollout.objects.filter(pk=rollout_id)
+def _rollout_info(run_id: int, rollout_id: int) -> RolloutInfo | None:
+    row = (Rollout.objects.filter(pk=rollout_id, run_id=run_id)
            .values("secret_hash", "status", "call_count", "run__status", "split", "greedy").first())
     if row is None:
         return None
@@ -94,5 +99,6 @@ def _find_response(rollout_id: int, response_id: str) -> tuple[dict, dict] | Non
     return None if row is None else (row["request"], row["response"])
 
 
-def cached_directory(ttl_s: float = 1.0) -> CachedDirectory:
-    return CachedDirectory(DjangoDirectory(), ttl_s=ttl_s)
+def cached_directory(run_id: int, ttl_s: float = 1.0) -> CachedDirectory:
+    """The directory of run `run_id`'s proxy (see DjangoDirectory), each answer kept `ttl_s` seconds."""
+    return CachedDirectory(DjangoDirectory(run_id), ttl_s=ttl_s)

@@ -254,7 +254,7 @@ async def test_a_run_step_over_compacting_rollouts_trains_each_completion_once_a
 
     with ScriptedServer(engine) as server:
         upstream = UpstreamConfig(base_url=server.base_url, served_model="scripted")
-        proxy = ProxyServer(create_app(cached_directory(ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
+        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
         proxy.start()
         try:
             source = HarnessSource(run, config, proxy, tmp_path / "work", [task.pk])

@@ -82,7 +82,7 @@ def stand(engine, alice, make_harness, make_dataset, make_reward, tmp_path):
     run = services.create_run(alice, name="eval", model="tiny", config=CONFIG.to_dict(), harness=harness,
                               dataset=make_dataset(alice, tasks=tasks), reward_script=make_reward(alice, source=REWARD))
     upstream = UpstreamConfig(base_url=engine.url, served_model="policy", sampling=CONFIG.sampling)
-    proxy = ProxyServer(create_app(cached_directory(ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1").start()
+    proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1").start()
     train_ids = list(run.dataset.tasks.filter(split="train").values_list("pk", flat=True))
     yield run, HarnessSource(run, CONFIG, proxy, tmp_path / "work", train_ids), proxy
     proxy.stop()

@@ -84,7 +84,7 @@ def source(engine, alice, make_run, tmp_path):
         if reward_source:
             run.reward_snapshot = {**run.reward_snapshot, "source": reward_source}
         upstream = UpstreamConfig(base_url=engine.url, served_model="policy")
-        proxy = ProxyServer(create_app(cached_directory(ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
+        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
         proxies.append(proxy.start())
         return HarnessSource(run, config, proxy, tmp_path / "work", [])
 

@@ -154,3 +154,21 @@ def test_templates_declare_their_runner_folder_and_the_tools_dir():
 def test_the_run_says_which_isolation_it_used():
     text = isolation.current().describe()
     assert text.startswith("bubblewrap 0.11.0: harnesses reach only the proxy, reward scripts no network; pids<=512")
+
+
+def test_the_cross_run_key_attacks_of_the_isolation_bench_all_stop():
+    """bench/isolation_attacks.py's cross-run key part (issue 26.1) as RELIABILITY.md runs it: a rollout key of one
+    user's run against another user's run proxy, every endpoint, through a real proxy server; nothing answers,
+    reaches the other engine or is recorded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "isolation_attacks.py"
+    done = subprocess.run([sys.executable, str(script), "--cross-run"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "RESULT cross_run_key_escapes=0 cross_run_key_attacks=16", done.stdout[-3000:]
+    attacks = [line for line in lines if "cross-run key" in line]
+    assert len(attacks) == 16 and all("stopped (404)" in line for line in attacks[:8])
+    assert all("stopped (401)" in line for line in attacks[8:])

@@ -25,11 +25,16 @@ def rollouts(alice, make_run):
                  for i in range(3)]
 
 
+def run_proxy(run, **kwargs):
+    """Run `run`'s proxy as the orchestrator wires it (its directory knows that run's rollouts only)."""
+    return create_app(cached_directory(run.pk, ttl_s=0.05), DjangoRecorder(), UpstreamConfig(
+        base_url="http://engine/v1", served_model="tiny"), policy_version=2,
+        transport=httpx.ASGITransport(app=FakeVLLM()), **kwargs)
+
+
 @pytest.fixture
-async def proxy():
-    fake = FakeVLLM()
-    app = create_app(cached_directory(ttl_s=0.05), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
-                     served_model="tiny"), policy_version=2, transport=httpx.ASGITransport(app=fake))
+async def proxy(rollouts):
+    app = run_proxy(rollouts[0])
     yield app
     await app.aclose()
 
@@ -67,6 +72,33 @@ async def test_one_rollouts_key_cannot_write_into_another(proxy, rollouts):
     assert await sync_to_async(ModelCall.objects.count)() == 0
 
 
+async def test_a_rollouts_key_opens_its_own_runs_proxy_only(alice, bob, make_run, rollouts):
+    """Issue 26.1: a harness of one run (here another user's) calls the proxy of a run that is not its own with its
+    own rollout id and key: the proxy does not know that rollout (404), nothing reaches that run's engine or its
+    records; the same key on its own run's proxy works."""
+    run, [(rollout, secret), *_] = rollouts
+    other_run = await sync_to_async(make_run)(bob, name="bobs")
+    others_proxy = run_proxy(other_run)
+    try:
+        with pytest.raises(openai.NotFoundError):
+            await sdk(others_proxy, rollout.pk, secret).chat.completions.create(model="tiny", messages=MESSAGES)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=others_proxy), base_url="http://proxy") as http:
+            reward = await http.post(f"/rollouts/{rollout.pk}/v1/reward", json={"reward": 1.0},
+                                     headers={"Authorization": f"Bearer {secret}"})
+        assert reward.status_code == 404
+        assert await sync_to_async(ModelCall.objects.count)() == 0
+        assert await DjangoDirectory(other_run.pk).get(str(rollout.pk)) is None
+    finally:
+        await others_proxy.aclose()
+    own = run_proxy(run)
+    try:
+        answer = await sdk(own, rollout.pk, secret).chat.completions.create(model="tiny", messages=MESSAGES)
+        assert answer.choices[0].message.content
+        assert await sync_to_async(ModelCall.objects.filter(rollout=rollout).count)() == 1
+    finally:
+        await own.aclose()
+
+
 async def test_a_finished_rollout_gets_409(proxy, rollouts):
     _, [(rollout, secret), *_] = rollouts
     await sync_to_async(Rollout.objects.filter(pk=rollout.pk).update)(status="succeeded")
@@ -78,7 +110,7 @@ async def test_a_finished_rollout_gets_409(proxy, rollouts):
 async def test_a_cancelled_run_closes_its_rollouts(proxy, rollouts, alice):
     run, [(rollout, secret), *_] = rollouts
     await sync_to_async(services.cancel_run)(run, alice)
-    info = await DjangoDirectory().get(str(rollout.pk))
+    info = await DjangoDirectory(run.pk).get(str(rollout.pk))
     assert info.finished is True
 
 
@@ -93,12 +125,12 @@ async def test_a_harness_reward_is_kept(proxy, rollouts):
 
 
 async def test_the_directory_reads_next_seq_after_a_restart(rollouts):
-    _, [(rollout, _), *_] = rollouts
+    run, [(rollout, _), *_] = rollouts
     await DjangoRecorder().record(_call(rollout.pk, 0))
     await DjangoRecorder().record(_call(rollout.pk, 1))
-    info = await DjangoDirectory().get(str(rollout.pk))
+    info = await DjangoDirectory(run.pk).get(str(rollout.pk))
     assert info.next_seq == 2 and info.secret_hash == rollout.secret_hash and info.finished is False
-    assert await DjangoDirectory().get("not-a-number") is None
+    assert await DjangoDirectory(run.pk).get("not-a-number") is None
 
 
 async def test_recording_is_idempotent_for_retries(rollouts):
@@ -135,9 +167,9 @@ async def test_a_failing_write_reaches_the_caller(rollouts, monkeypatch):
 
 
 async def test_a_restarted_proxy_resolves_previous_response_id_from_the_stored_calls(proxy, rollouts):
-    _, [(rollout, secret), (other, other_secret), _] = rollouts
+    run, [(rollout, secret), (other, other_secret), _] = rollouts
     first = await sdk(proxy, rollout.pk, secret).responses.create(model="m", input="hi", instructions="Be brief.")
-    restarted = create_app(cached_directory(), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
+    restarted = create_app(cached_directory(run.pk), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
                            served_model="tiny"), transport=httpx.ASGITransport(app=FakeVLLM()))
     second = await sdk(restarted, rollout.pk, secret).responses.create(model="m", input="more",
                                                                        previous_response_id=first.id)
@@ -171,8 +203,8 @@ async def test_find_response_reads_only_the_rollouts_answered_responses_calls(ro
 
 
 async def test_each_choice_of_an_n_call_is_stored_as_a_call(rollouts):
-    _, [(rollout, secret), *_] = rollouts
-    app = create_app(cached_directory(), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
+    run, [(rollout, secret), *_] = rollouts
+    app = create_app(cached_directory(run.pk), DjangoRecorder(), UpstreamConfig(base_url="http://engine/v1",
                      served_model="tiny"), transport=httpx.ASGITransport(app=NChoiceVLLM()))
     client = sdk(app, rollout.pk, secret)
     single = await client.chat.completions.create(model="tiny", messages=MESSAGES)
