@@ -233,7 +233,8 @@ async def _steps(run, config, engine, server, workdir, resume, generation, token
 
     await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
                         checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint, on_phase=on_phase,
-                        first_group_id=resume.next_group_id if resume else 0, last_step=last_step)
+                        first_group_id=resume.next_group_id if resume else 0, last_step=last_step,
+                        evaluates_at=lambda version: evaluator.due(version, force=version >= last_step()))
     if not await db(_evaluated)(run.pk, policy.step):  # asked to finish after its last step's on_step returned
         await evaluator.maybe(policy.step, force=True)
     return RunStatus.SUCCEEDED

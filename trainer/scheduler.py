@@ -147,13 +147,17 @@ class Scheduler:
                  checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
                  on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None,
                  on_phase: Callable[[str], Awaitable[None] | None] | None = None,
-                 last_step: Callable[[], int] | None = None):
+                 last_step: Callable[[], int] | None = None,
+                 evaluates_at: Callable[[int], bool] | None = None):
         """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
         `on_phase` hears what the loop does now, when it changes ("step 3: generating", "step 3: training", ...);
         checkpoints go to `checkpoint_dir`/step-NNNNNN, and `on_checkpoint(path, step)` hears of each one once it
         is complete and that step's `on_step` has returned; a resumed run passes a `first_group_id` past the ids it
         already used. `last_step`, read before every admission and batch, may end the run before `config.steps`
-        (its owner's "finish now"): the loop stops once the policy reaches it, with a checkpoint of that step."""
+        (its owner's "finish now"): the loop stops once the policy reaches it, with a checkpoint of that step.
+        `evaluates_at(version)` says whether that step's `on_step` runs an evaluation: in sync mode the next step's
+        groups then start only once it returned (never beside the evaluation's load), and its time is
+        `time/evaluate` of the next step, outside `time/step`."""
         self.policy, self.engine, self.source = policy, engine, source
         self.config: TrainerConfig = policy.config
         self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
@@ -162,13 +166,18 @@ class Scheduler:
         self.no_signal: list[_Group] = []  # dropped by dynamic sampling since the last step (reported with the next)
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
-        self._last_step = last_step
+        self._last_step, self._evaluates_at = last_step, evaluates_at
         # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
         self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
     @property
     def version(self) -> int:
         return self.policy.version
+
+    def _evaluation_holds(self, version: int) -> bool:
+        """Sync mode and an evaluation due in this step's on_step: the next step waits for it."""
+        return (self.config.effective_max_staleness == 0 and self._evaluates_at is not None
+                and self._evaluates_at(version))
 
     @property
     def last_step(self) -> int:
@@ -287,7 +296,9 @@ class Scheduler:
         try:
             # The next groups start now, at the version the update is about to serve: their harnesses start up
             # while the weights swap, and their first calls wait at the paused engine (the proxy holds them).
-            await self._admit()
+            # Not when this version is evaluated in sync mode: they start after the evaluation (the loop admits).
+            if not self._evaluation_holds(self.policy.version):
+                await self._admit()
             admitted = time.perf_counter()
             await self._phase(f"step {step}: syncing weights to the engine")
             await self.engine.update_weights(self.policy.model, self.policy.version)
@@ -315,11 +326,14 @@ class Scheduler:
         checkpoint = await self._on_trainer_thread(clock, "checkpoint", self._maybe_checkpoint)
         await self._phase(f"step {step}: recording")
         if self.on_step is not None:
-            recording = time.perf_counter()
+            recording, counters = time.perf_counter(), clock.counters()
             maybe = self.on_step(report)
             if asyncio.iscoroutine(maybe):
                 await maybe
-            clock.add("record", time.perf_counter() - recording)
+            if self._evaluation_holds(report.policy_version):  # nothing else ran meanwhile: its own time
+                clock.exclude(time.perf_counter() - recording, counters)
+            else:
+                clock.add("record", time.perf_counter() - recording)
         # After on_step: whoever resumes from this checkpoint finds its step already stored.
         if checkpoint is not None and self.on_checkpoint is not None:
             maybe = self.on_checkpoint(checkpoint, report.step)
@@ -423,8 +437,23 @@ class _Clock:
     def __init__(self, engine: Engine, source: RolloutSource | None = None):
         self.engine, self.source = engine, source
         self.last = time.perf_counter()
-        self.last_busy, self.last_score = self._counter(engine, "busy_seconds"), self._counter(source, "score_seconds")
+        self.last_busy, self.last_score = self.counters()
         self.parts = dict.fromkeys(self.PARTS, 0.0)
+        self.excluded = 0.0
+
+    def counters(self) -> tuple[float, float]:
+        """The engine's busy seconds and the source's score seconds so far."""
+        return self._counter(self.engine, "busy_seconds"), self._counter(self.source, "score_seconds")
+
+    def exclude(self, seconds: float, since: tuple[float, float]) -> None:
+        """Leave `seconds` of wall time that nothing of the step shared (a sync run's evaluation), and the engine
+        and score time spent in them (counters() at their start), out of the next split; it reports them as
+        `time/evaluate`."""
+        busy, score = self.counters()
+        self.last += seconds
+        self.last_busy += busy - since[0]
+        self.last_score += score - since[1]
+        self.excluded += seconds
 
     @staticmethod
     def _counter(owner: object, name: str) -> float:
@@ -436,15 +465,15 @@ class _Clock:
 
     def split(self, train: float, sync: float) -> dict[str, float]:
         now = time.perf_counter()
-        busy, score = self._counter(self.engine, "busy_seconds"), self._counter(self.source, "score_seconds")
+        busy, score = self.counters()
         wall, generate = now - self.last, busy - self.last_busy
         metrics = {"time/step": wall, "time/generate": generate, "time/train": train, "time/sync": sync,
-                   "time/score": score - self.last_score}
+                   "time/score": score - self.last_score, "time/evaluate": self.excluded}
         metrics.update({f"time/{part}": seconds for part, seconds in self.parts.items()})
         idle = max(0.0, wall - generate - train - sync - sum(self.parts.values()))
         metrics.update({"time/idle": idle, "time/busy_frac": 1 - idle / wall if wall > 0 else 0.0})
         self.last, self.last_busy, self.last_score = now, busy, score
-        self.parts = dict.fromkeys(self.PARTS, 0.0)
+        self.parts, self.excluded = dict.fromkeys(self.PARTS, 0.0), 0.0
         return metrics
 
 

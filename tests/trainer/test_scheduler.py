@@ -151,6 +151,40 @@ async def test_a_lowered_last_step_ends_the_run_after_the_step_in_progress_with_
     assert len(source.launched) <= 4  # nothing admitted for steps past the new last one
 
 
+async def test_in_sync_mode_the_next_step_starts_after_an_evaluation_and_its_time_is_apart():
+    """Issue 26.10: a sync run's evaluation (in on_step) never shares the engine with the next step's harnesses,
+    and its minutes are time/evaluate, not time/step. Steps without one still launch during the weight swap."""
+    engine = SpyEngine()
+    source = TickSource(engine)
+    launched_at_on_step = {}
+
+    async def on_step(report):
+        launched_at_on_step[report.step] = len(source.launched)
+        if report.step == 1:
+            await asyncio.sleep(0.3)  # the evaluation
+            assert len(source.launched) == 2  # nothing of step 2 started meanwhile
+
+    reports = await run(policy(steps=3), engine, source, on_step=on_step, evaluates_at=lambda version: version == 1)
+    assert launched_at_on_step == {1: 2, 2: 6, 3: 6}  # step 2's groups after the evaluation; step 3's in the swap
+    assert [g.policy_version for g in source.launched] == [0, 0, 1, 1, 2, 2]
+    step2 = reports[1].metrics
+    assert step2["time/evaluate"] >= 0.3 and step2["time/step"] < 0.3 and step2["time/record"] < 0.3
+    assert reports[0].metrics["time/evaluate"] == 0.0 == reports[2].metrics["time/evaluate"]
+
+
+async def test_in_async_mode_an_evaluation_holds_nothing_back():
+    engine = SpyEngine()
+    source = TickSource(engine)
+    launched_at_on_step = {}
+
+    def on_step(report):
+        launched_at_on_step[report.step] = len(source.launched)
+
+    await run(policy(mode="async", tasks_per_step=1, steps=3, max_staleness=1), engine, source, on_step=on_step,
+              evaluates_at=lambda version: True)
+    assert launched_at_on_step[1] == 3  # two steps of groups in flight, the third admitted during the swap
+
+
 async def test_a_last_step_above_the_configured_steps_changes_nothing():
     engine = SpyEngine()
     reports = await Scheduler(policy(steps=2), engine, TickSource(engine), last_step=lambda: 50).run()
