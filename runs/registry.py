@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer.models import ModelInfo, list_models, read_model_info
+from trainer.models import ModelInfo, UnsupportedModel, check_trainable, list_models, read_model_info
 
 
 class UnknownModel(ValueError):
@@ -28,17 +28,27 @@ def resolve_model(model: str, owner) -> dict[str, Any]:
         return {"name": model, "path": "", "origin": "external", "url": model, "weight_sync": False}
     for info in registered_models():
         if info.name == model:  # a folder linked into the registry from elsewhere is refused like its target
-            return {**info.to_dict(), "path": str(check_model_path(owner, info.path)), "weight_sync": True}
+            folder = check_model_path(owner, info.path)
+            _check_trainable(folder)
+            return {**info.to_dict(), "path": str(folder), "weight_sync": True}
     if Path(model).is_absolute():
         folder = check_model_path(owner, model)
         info = read_model_info(folder)
         if info is not None:
+            _check_trainable(folder)
             return {**info.to_dict(), "weight_sync": True}
         raise UnknownModel(f"{model} is not a folder holding a transformers model (no config.json)")
     names = [info.name for info in registered_models()]
     raise UnknownModel(f"model {model!r} is not in the registry (available: {names or 'none'}); "
                        "import one with `./lw manage models smollm2` or `./lw manage models tiny`, "
                        "or give the path of a checkpoint of one of your runs, or an external engine URL")
+
+
+def _check_trainable(folder: Path) -> None:
+    try:
+        check_trainable(folder)
+    except UnsupportedModel as exc:
+        raise UnknownModel(str(exc)) from exc
 
 
 def check_model_path(owner, path: str | os.PathLike) -> Path:

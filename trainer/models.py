@@ -310,6 +310,9 @@ def _import_gguf(gguf: Path, out: Path, origin: str, dtype: str, progress: Calla
     for attr in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
+    reason = logit_transform(config.to_dict())
+    if reason:
+        raise UnsupportedModel(f"{gguf.name} is refused: {reason}")
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
@@ -331,6 +334,50 @@ def _import_gguf(gguf: Path, out: Path, origin: str, dtype: str, progress: Calla
     write_marker(out, name=name or out.name, origin=origin, params=params, extra={"source": gguf.name})
     progress(f"done in {time.monotonic() - started:.0f} s: {params / 1e6:.1f}M params, {folder_size(out) / 1e6:.0f} MB")
     return out
+
+
+# --- what the trainer computes -----------------------------------------------------------------------
+
+LOGIT_TRANSFORMS: tuple[tuple[str, object], ...] = (
+    ("final_logit_softcapping", None),  # Gemma 2 (and Gemma 3 where set): tanh soft-capping of the logits
+    ("logit_scale", 1.0),  # Cohere: logits multiplied by it
+    ("logits_scaling", 1.0),  # Granite: logits divided by it
+    ("lm_head_multiplier", 1.0),  # Falcon-H1: logits multiplied by it
+    ("dim_model_base", None),  # MiniCPM: hidden states scaled by hidden_size / dim_model_base before the head
+)
+"""Config fields (with their neutral value) of transformations a model's own forward applies to its logits after
+the output embedding. trainer.policy.token_logprobs takes the decoder's hidden states through the output embedding
+itself and skips them, so it would score tokens under another distribution than vLLM samples from."""
+
+
+def logit_transform(config: dict) -> str:
+    """'' when the trainer's logprobs are the model's; else which logit transformation it would skip (a model
+    to refuse). `config` is a config.json dict; a multimodal one's text_config is checked too."""
+    for part in (config, config.get("text_config") or {}):
+        for name, neutral in LOGIT_TRANSFORMS:
+            value = part.get(name, neutral)
+            if value in (neutral, None):
+                continue
+            return (f"its config sets {name}={value!r}, a transformation of the logits that the trainer does not "
+                    "apply (it takes the decoder's hidden states through the output embedding itself), so it would "
+                    "train on other token probabilities than the engine samples from")
+    return ""
+
+
+class UnsupportedModel(ValueError):
+    """A model whose logits the trainer cannot reproduce (see logit_transform)."""
+
+
+def check_trainable(folder: str | Path) -> None:
+    """UnsupportedModel unless the trainer computes the model's own token probabilities (see logit_transform)."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModel(f"{path} cannot be read: {exc}") from exc
+    reason = logit_transform(config)
+    if reason:
+        raise UnsupportedModel(f"model {Path(folder).name} is refused: {reason}")
 
 
 # --- registry -----------------------------------------------------------------------------------------

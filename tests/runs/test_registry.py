@@ -52,6 +52,29 @@ def test_an_unknown_model_is_refused(alice_api, parts, model, message):
     assert Run.objects.count() == 0
 
 
+def test_a_model_whose_logits_the_trainer_cannot_reproduce_is_refused(alice_api, parts, tmp_path, settings):
+    """Issue 26.7: a registry model (or a folder) whose forward soft-caps or scales its logits after the output
+    embedding, which the trainer's logprobs skip, cannot be trained: refused at run creation, saying why."""
+    import json
+
+    settings.LIGHTNING_MODELS_DIR = tmp_path  # a registry of this test's own: the session's lists only "tiny"
+    for name, config in (("capped", {"model_type": "gemma2", "final_logit_softcapping": 30.0}),
+                         ("scaled", {"model_type": "cohere", "logit_scale": 0.0625}),
+                         ("plain", {"model_type": "gemma3_text", "final_logit_softcapping": None})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    for model, field in (("capped", "final_logit_softcapping=30.0"), ("scaled", "logit_scale=0.0625"),
+                         (str(tmp_path / "capped"), "final_logit_softcapping=30.0")):
+        response = alice_api.post("/api/v1/runs/", {**parts, "model": model}, format="json")
+        assert response.status_code == 400, response.json()
+        message = response.json()["error"]["message"]
+        assert f"model capped is refused: its config sets {field}" in message or \
+            f"model scaled is refused: its config sets {field}" in message
+        assert "the trainer does not apply" in message
+    assert Run.objects.count() == 0
+    assert alice_api.post("/api/v1/runs/", {**parts, "model": "plain"}, format="json").status_code == 201
+
+
 def test_the_new_run_form_lists_models_and_own_objects(client, alice, bob, make_harness):
     make_harness(alice, name="mine")
     make_harness(bob, name="theirs")

@@ -103,3 +103,19 @@ def test_it_imports_smollm2_from_gguf_to_safetensors(tmp_path):
     assert tok.decode(greedy, skip_special_tokens=True).strip() != ""
     info = read_model_info(out)
     assert info.origin == "smollm2-gguf" and 130e6 < info.params < 140e6
+
+
+def test_logit_transforms_the_trainer_skips_are_named_and_plain_models_pass():
+    """Issue 26.7: trainer.policy.token_logprobs takes hidden states through the output embedding itself, so a
+    config that transforms the logits after it (soft-capping, scaling) names that; the families we train pass."""
+    from transformers import CohereConfig, Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, Qwen2Config
+
+    from trainer.models import logit_transform
+
+    assert "final_logit_softcapping=30.0" in logit_transform(Gemma2Config().to_dict())
+    assert "logit_scale=0.0625" in logit_transform(CohereConfig().to_dict())
+    assert "logits_scaling=8.0" in logit_transform(GraniteConfig(logits_scaling=8.0).to_dict())
+    assert "final_logit_softcapping=30.0" in logit_transform(
+        {"model_type": "gemma3", "text_config": {"final_logit_softcapping": 30.0}})
+    for plain in (Gemma3TextConfig(), GraniteConfig(), LlamaConfig(), Qwen2Config()):
+        assert logit_transform(plain.to_dict()) == ""
