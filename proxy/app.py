@@ -24,7 +24,7 @@ from proxy.recording import RecordingQueue
 from proxy.replicas import Placement, Replicas
 from proxy.request_json import parse_json
 from proxy.responses_api import ResponsesAdapter
-from proxy.sampling import enforce_sampling, rollout_sampling
+from proxy.sampling import constraint_of, enforce_sampling, rollout_sampling
 from proxy.types import RecordedCall, Recorder, RolloutDirectory, RolloutInfo, UpstreamConfig
 from proxy.upstream import UpstreamError
 
@@ -125,6 +125,7 @@ class _Call:
             policy_version=self.policy_version, error=error, stream=self.adapter.stream,
             started_at=self.started_at, upstream_response=answer, sampling_overrides=self.sampling_overrides,
             replica=self.placement.replica, retried=self.placement.retried,
+            constraint=constraint_of(self.upstream_body),
         )
 
     def submit(self, record: RecordedCall) -> asyncio.Task:

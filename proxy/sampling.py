@@ -17,8 +17,30 @@ REMOVED = ("logit_bias", "allowed_token_ids", "bad_words", "min_tokens", "use_be
 """Knobs that bias or mask tokens (min_tokens masks the end token), or replace sampling: dropped.
 
 Kept on purpose: `seed` (a sample is still a sample), `stop`, `max_tokens`, `n`, and structured outputs
-(`response_format`, tool_choice "required"), which harnesses need to work at all.
+(`response_format`, tool_choice "required"), which harnesses need to work at all: a call under one is recorded with
+its `constraint` (constraint_of) and its tokens are not trained (trainer.samples), since the engine forced them.
 """
+
+GUIDED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+"""vLLM's own structured-output fields (new and old names): any value constrains decoding."""
+
+
+def constraint_of(body: dict) -> str:
+    """'' when the engine samples this chat/completions body freely; else what constrains its decoding (a grammar
+    masks tokens, so the sampled ids are not the policy's samples): 'response_format json_schema', 'tool_choice
+    required', 'tool_choice named', 'guided_json', ..."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return f"response_format {fmt.get('type')}"
+    choice = body.get("tool_choice")
+    if choice == "required" and body.get("tools"):
+        return "tool_choice required"
+    if isinstance(choice, dict) and body.get("tools"):
+        return "tool_choice named"
+    for key in GUIDED:
+        if _changes_sampling(body.get(key)):
+            return key
+    return ""
 
 GREEDY: dict[str, float] = {"temperature": 0.0}
 """A greedy evaluation attempt's knobs over the run's: vLLM takes temperature 0 as argmax (top_k, top_p and
@@ -48,7 +70,7 @@ def _same(key: str, asked: object, value: object) -> bool:
 
 
 def _changes_sampling(value: object) -> bool:
-    return value not in (None, False, 0, {}, [])
+    return value not in (None, False, 0, {}, [], "")
 
 
 def enforce_sampling(body: dict, sampling: dict) -> tuple[dict, dict]:

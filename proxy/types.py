@@ -33,6 +33,7 @@ class RecordedCall:
     upstream_response: dict | None = None  # engine's answer (streams: assembled), with token ids
     sampling_overrides: dict = field(default_factory=dict)  # harness's value of each sampling knob the proxy changed
     choice: int = 0  # the engine choice whose tokens this record holds (see samples_asked)
+    constraint: str = ""  # what constrained the engine's decoding (proxy.sampling.constraint_of); '' when free
     replica: int | None = None  # index of the engine replica that answered (None: one engine, no replicas)
     retried: bool = False  # its first replica died under it and another answered (proxy.replicas)
 

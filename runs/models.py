@@ -314,6 +314,9 @@ class ModelCall(models.Model):
         null=True, blank=True, help_text="Index of the engine replica that answered (None: a run with one engine)")
     retried = models.BooleanField(
         default=False, help_text="The call's first replica died mid-call and another replica answered it")
+    constraint = models.CharField(max_length=100, blank=True, help_text=(
+        "What constrained the engine's decoding of this call ('response_format json_schema', 'tool_choice "
+        "required', ...; proxy.sampling.constraint_of): its tokens were forced, not sampled, and are not trained"))
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

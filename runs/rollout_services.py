@@ -62,7 +62,8 @@ def _call_row(call) -> ModelCall:
         logprobs=list(call.logprobs), finish_reason=call.finish_reason or "", status_code=call.status_code,
         latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "",
         sampling_overrides=getattr(call, "sampling_overrides", {}) or {},
-        replica=getattr(call, "replica", None), retried=bool(getattr(call, "retried", False)))
+        replica=getattr(call, "replica", None), retried=bool(getattr(call, "retried", False)),
+        constraint=getattr(call, "constraint", "") or "")
 
 
 def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:

@@ -23,6 +23,9 @@ class CallRecord:
     logprobs: tuple[float, ...]
     finish_reason: str = "stop"
     policy_version: int = 0
+    constrained: bool = False
+    """The engine decoded it under a grammar or schema (proxy.sampling.constraint_of): its tokens were forced,
+    not sampled from the policy, so they join the sample as context (loss mask 0), never as trained tokens."""
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
@@ -99,7 +102,7 @@ class _Builder:
     def add_call(self, call: CallRecord, context: Sequence[int]) -> None:
         """Append a call: `context` (the prompt tail not yet in the sample) unweighted, then its completion."""
         self.add(call.seq, context, sampled=False)
-        self.add(call.seq, call.completion_ids, True, call.logprobs, call.policy_version)
+        self.add(call.seq, call.completion_ids, not call.constrained, call.logprobs, call.policy_version)
         self.call_seqs.append(call.seq)
 
     def freeze(self) -> Sample:

@@ -524,7 +524,7 @@ def dropped_rollouts(rollouts: Sequence[RolloutResult], trained: Sequence[Traine
     """Why each rollout of a batch without a trained sample gave none.
 
     'infra_failure: <error>': left out of the loss and the baseline (it says nothing about the policy);
-    'no_sampled_tokens': no call of it returned a sampled token (no call made, or every call failed).
+    'no_sampled_tokens': no call of it returned a sampled token (no call made, every call failed, or every call was constrained: see CallRecord.constrained).
     Staleness never drops a rollout: a group at the staleness bound is forced into the next batch.
     """
     kept = {t.rollout_id for t in trained}

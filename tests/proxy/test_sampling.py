@@ -181,3 +181,41 @@ async def test_a_pause_still_drains_evaluation_calls(proxy, directory, fake, rec
         assert [c.status_code for c in recorder.calls] == [200] and proxy.gate.in_flight == 0  # drained: recorded
         await proxy.resume()
         assert (await call).status_code == 200
+
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {}}}}]
+SCHEMA = {"name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+
+
+@pytest.mark.parametrize("extra, constraint", [
+    ({}, ""),
+    ({"response_format": {"type": "text"}}, ""),
+    ({"tools": TOOLS, "tool_choice": "auto"}, ""),
+    ({"response_format": {"type": "json_schema", "json_schema": SCHEMA}}, "response_format json_schema"),
+    ({"response_format": {"type": "json_object"}}, "response_format json_object"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice required"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "run"}}}, "tool_choice named"),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice"),
+])
+async def test_a_call_under_a_grammar_or_schema_is_recorded_as_constrained(proxy, client, fake, recorder, extra,
+                                                                           constraint):
+    """Issue 26.7: structured outputs still reach the engine (harnesses need them), and the record says the engine
+    forced the call's tokens, so the trainer does not train them (trainer.samples)."""
+    response = await client.post("/chat/completions", json={"model": "m", "messages": MESSAGES, **extra})
+    assert response.status_code == 200
+    [call] = recorder.calls
+    assert call.constraint == constraint
+    for key in extra:
+        assert fake.requests[-1][key] == extra[key]  # passed through to the engine unchanged
+
+
+async def test_the_responses_and_messages_apis_record_their_constraints(proxy, sdk_http, live, recorder):
+    sdk = openai.AsyncOpenAI(base_url="http://proxy/rollouts/r1/v1", api_key="s1", http_client=sdk_http)
+    await sdk.responses.create(model="gpt-5", input="hi", text={"format": {"type": "json_schema", **SCHEMA}})
+    _, base = live
+    claude = anthropic.AsyncAnthropic(base_url=base, api_key="s1", max_retries=0)
+    await claude.messages.create(model="claude", max_tokens=64, messages=MESSAGES, tool_choice={"type": "any"},
+                                 tools=[{"name": "run", "input_schema": {"type": "object", "properties": {}}}])
+    await claude.close()
+    assert [c.constraint for c in recorder.calls] == ["response_format json_schema", "tool_choice required"]

@@ -265,3 +265,22 @@ def test_a_batch_over_two_runs_writes_one_event_per_rollout_in_gapless_order(ali
     rollout_services.record_calls([_call(a.pk, 0)])
     assert ModelCall.objects.count() == len(batch)
     assert Rollout.objects.get(pk=a.pk).call_count == 2
+
+
+async def test_a_constrained_call_is_stored_so_and_reaches_the_trainer_untrained(proxy, rollouts):
+    """Issue 26.7 through the database: the call's constraint is stored and shown by the API, and the trainer's
+    CallRecord (harness_source.calls_of) carries it, so its tokens join the sample as context only."""
+    from runs.harness_source import calls_of
+    from trainer.samples import build_samples
+
+    _, [(rollout, secret), *_] = rollouts
+    client = sdk(proxy, rollout.pk, secret)
+    schema = {"name": "a", "schema": {"type": "object"}}
+    await client.chat.completions.create(model="m", messages=MESSAGES,
+                                         response_format={"type": "json_schema", "json_schema": schema})
+    await asyncio.sleep(0.2)  # the recorder's batch
+    row = await sync_to_async(ModelCall.objects.get)(rollout=rollout, seq=0)
+    assert row.constraint == "response_format json_schema"
+    calls, trouble = await sync_to_async(calls_of)(rollout.pk)
+    assert trouble == "" and [c.constrained for c in calls] == [True]
+    assert build_samples(calls).samples == ()  # its only call was forced: nothing to train

@@ -173,3 +173,15 @@ def test_it_realigns_a_chat_template_rerender_with_the_real_tiny_tokenizer():
     assert text(sample.token_ids) == text(calls[1].prompt_ids) + text([9, 2])
     assert sample.num_loss_tokens == len(sampled) + 2
     assert [len(s.samples) for s in (build_samples(calls),)] == [2]  # no tokenizer: unproven, so a fork
+
+
+def test_a_constrained_calls_tokens_are_context_not_trained():
+    """Issue 26.7: tokens the engine decoded under a grammar or schema were forced, not sampled: the sample keeps
+    them (the next call extends them cleanly) with loss mask 0; the free call after them is trained."""
+    forced = CallRecord(0, (1, 2), (30, 31, 32), (-0.1, -0.2, -0.3), constrained=True)
+    free = CallRecord(1, (1, 2, 30, 31, 32, 5), (40, 41), (-0.4, -0.5))
+    [sample] = build_samples([forced, free]).samples
+    assert sample.token_ids == (1, 2, 30, 31, 32, 5, 40, 41)
+    assert sample.loss_mask == (0, 0, 0, 0, 0, 0, 1, 1)
+    assert sample.logprobs == (0.0,) * 6 + (-0.4, -0.5)
+    assert build_samples([forced]).samples == ()  # nothing sampled: no sample to train
