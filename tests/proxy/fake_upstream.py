@@ -21,7 +21,8 @@ def encode(text: str) -> list[int]:
 
 
 def decode(ids: list[int]) -> str:
-    return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", "replace")
+    """The text of byte tokens; ids outside them (specials, or a fuzzed prompt's arbitrary integers) spell nothing."""
+    return bytes(i - OFFSET for i in ids if OFFSET <= i < OFFSET + 256).decode("utf-8", "replace")
 
 
 def _text_of(content) -> str:
