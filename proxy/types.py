@@ -43,7 +43,8 @@ def samples_asked(api: str, request: dict) -> int:
 
     A call asking for n > 1 is recorded as n RecordedCalls, one per choice, with consecutive seqs reserved when
     it is admitted, each holding the same request, response and prompt ids and its own choice's completion ids
-    and logprobs: every choice is a separate sample the policy produced, trained (and drift-classified) apart.
+    and logprobs: every choice is a sample the policy produced, drift-classified apart; trainer.samples.build_samples
+    says which are trained (those a later call continues, or all when none is).
     """
     if api not in ("chat", "completions"):
         return 1

@@ -172,7 +172,7 @@ def calls_of(rollout_id: int) -> tuple[tuple[CallRecord, ...], str]:
     """Calls the trainer may learn from (delivered, with complete token capture), and the first engine trouble."""
     rows = list(ModelCall.objects.filter(rollout_id=rollout_id).order_by("seq")
                 .only("seq", "status_code", "error", "prompt_ids", "completion_ids", "logprobs", "finish_reason",
-                      "policy_version", "constraint"))
+                      "policy_version", "constraint", "choice"))
     trouble = next((f"engine or proxy error on call {c.seq}: {c.error or c.status_code}" for c in rows
                     if c.status_code in ENGINE_TROUBLE), "")
     return trainable_calls(rows), trouble
@@ -183,6 +183,7 @@ def trainable_calls(rows) -> tuple[CallRecord, ...]:
     order. `rows` are ModelCall rows or the proxy's RecordedCalls (the harness check's): both carry these fields."""
     return tuple(CallRecord(seq=c.seq, prompt_ids=tuple(c.prompt_ids), completion_ids=tuple(c.completion_ids),
                             logprobs=tuple(c.logprobs), finish_reason=c.finish_reason or "stop",
-                            policy_version=c.policy_version, constrained=bool(getattr(c, "constraint", "")))
+                            policy_version=c.policy_version, constrained=bool(getattr(c, "constraint", "")),
+                            choice=getattr(c, "choice", 0) or 0)
                  for c in rows if c.status_code == 200 and not c.error and c.completion_ids
                  and len(c.logprobs) == len(c.completion_ids))

@@ -314,6 +314,9 @@ class ModelCall(models.Model):
         null=True, blank=True, help_text="Index of the engine replica that answered (None: a run with one engine)")
     retried = models.BooleanField(
         default=False, help_text="The call's first replica died mid-call and another replica answered it")
+    choice = models.PositiveSmallIntegerField(default=0, help_text=(
+        "Which choice of a call that asked for n > 1 this record holds (choice k of the call at seq s has seq s + k); "
+        "0 for a call of one choice"))
     constraint = models.CharField(max_length=100, blank=True, help_text=(
         "What constrained the engine's decoding of this call ('response_format json_schema', 'tool_choice "
         "required', ...; proxy.sampling.constraint_of): its tokens were forced, not sampled, and are not trained"))

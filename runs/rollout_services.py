@@ -63,7 +63,7 @@ def _call_row(call) -> ModelCall:
         latency_ms=call.latency_ms, policy_version=call.policy_version, error=call.error or "",
         sampling_overrides=getattr(call, "sampling_overrides", {}) or {},
         replica=getattr(call, "replica", None), retried=bool(getattr(call, "retried", False)),
-        constraint=getattr(call, "constraint", "") or "")
+        constraint=getattr(call, "constraint", "") or "", choice=getattr(call, "choice", 0) or 0)
 
 
 def _store_calls(rows: list[ModelCall], rollout_runs: dict[int, int]) -> None:

@@ -92,7 +92,7 @@ class CallSpans:
     note: str = ""
 
 
-CALL_FACTS = ("seq", "api", "drift", "policy_version", "finish_reason", "latency_ms", "constraint")
+CALL_FACTS = ("seq", "api", "drift", "policy_version", "finish_reason", "latency_ms", "constraint", "choice")
 
 
 def call_spans(sample: Sample, loaded: tokenizers.Loaded) -> CallSpans:
@@ -122,7 +122,7 @@ def _rebuilt_spans(sample: Sample, rows: list[dict], loaded: tokenizers.Loaded) 
         try:
             records.append(CallRecord(row["seq"], tuple(row["prompt_ids"] or ()), tuple(row["completion_ids"] or ()),
                                       tuple(row["logprobs"] or ()), policy_version=row["policy_version"],
-                                      constrained=bool(row["constraint"])))
+                                      constrained=bool(row["constraint"]), choice=row["choice"]))
         except ValueError:  # a call whose logprobs do not cover its completion: the trainer skipped it too
             logger.warning("sample %s: call %s of rollout %s is not rebuildable", sample.pk, row["seq"],
                            sample.rollout_id, exc_info=True)

@@ -26,6 +26,9 @@ class CallRecord:
     constrained: bool = False
     """The engine decoded it under a grammar or schema (proxy.sampling.constraint_of): its tokens were forced,
     not sampled from the policy, so they join the sample as context (loss mask 0), never as trained tokens."""
+    choice: int = 0
+    """Which choice of a call that asked for n > 1 this is (proxy.recording.per_choice): choice k of the call
+    recorded at seq s has seq s + k. See build_samples for which choices are trained."""
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
@@ -105,6 +108,17 @@ class _Builder:
         self.add(call.seq, call.completion_ids, not call.constrained, call.logprobs, call.policy_version)
         self.call_seqs.append(call.seq)
 
+    def unweight(self, call_seqs: set[int]) -> None:
+        """Take the completions of `call_seqs` out of the loss (they stay as context)."""
+        spans = []
+        for span in self.spans:
+            if span.sampled and span.call_seq in call_seqs:
+                for i in range(span.start, span.end):
+                    self.mask[i], self.logprobs[i], self.versions[i] = 0, 0.0, -1
+                span = Span(span.call_seq, span.start, span.end, False)
+            spans.append(span)
+        self.spans = spans
+
     def freeze(self) -> Sample:
         build = "realigned" if self.realigned else ("merged" if len(self.call_seqs) > 1 else "single")
         return Sample(tuple(self.tokens), tuple(self.mask), tuple(self.logprobs), tuple(self.versions),
@@ -116,10 +130,18 @@ def build_samples(calls: Iterable[CallRecord], decode: Decode | None = None) -> 
 
     A call is matched against every sample built so far (a sub-agent may interleave with its parent), newest
     first. Without `decode` nothing can be proven about text, so token mismatches always fork.
+
+    The choices of a call that asked for n > 1 (CallRecord.choice) are trained by this rule: when a later call
+    continues some of them (extends or realigns onto the sample that ends with one), only those are trained and
+    the others, which the harness discarded, stay in their samples as context only; when no later call continues
+    any (the rollout's last call, or a harness that combines its choices, as a vote does), the outcome may rest on
+    any or all of them, and all are trained with the rollout's advantage.
     """
+    ordered = sorted(calls, key=lambda c: c.seq)
     builders: list[_Builder] = []
     drift: dict[int, str] = {}
-    for call in sorted(calls, key=lambda c: c.seq):
+    continued: set[int] = set()  # seqs of calls whose sample a later call extended or realigned onto
+    for call in ordered:
         if not call.prompt_ids and not call.completion_ids:  # failed before any token: nothing to build on
             drift[call.seq] = FORK
             continue
@@ -127,11 +149,30 @@ def build_samples(calls: Iterable[CallRecord], decode: Decode | None = None) -> 
         if builder is None:
             builder = _Builder()
             builders.append(builder)
+        elif builder.call_seqs:
+            continued.add(builder.call_seqs[-1])
         builder.realigned |= kind == REALIGN
         builder.add_call(call, context)
         drift[call.seq] = CLEAN if len(builders) == 1 and len(builder.call_seqs) == 1 else kind
+    discarded = _discarded_choices(ordered, continued)
+    if discarded:
+        for builder in builders:
+            builder.unweight(discarded)
     samples = tuple(b.freeze() for b in builders if any(b.mask))
     return BuildResult(samples, drift)
+
+
+def _discarded_choices(calls: Sequence[CallRecord], continued: set[int]) -> set[int]:
+    """Seqs of the choices of n > 1 calls that the harness discarded: siblings of a continued choice (see
+    build_samples) that no later call continued."""
+    siblings: dict[int, list[int]] = {}  # the call's first seq -> the seqs of its choices
+    for call in calls:
+        siblings.setdefault(call.seq - call.choice, []).append(call.seq)
+    discarded: set[int] = set()
+    for seqs in siblings.values():
+        if len(seqs) > 1 and continued.intersection(seqs):
+            discarded.update(s for s in seqs if s not in continued)
+    return discarded
 
 
 def _classify(call: CallRecord, builders: list[_Builder], decode: Decode | None

@@ -391,7 +391,7 @@ class ModelCallSerializer(serializers.ModelSerializer):
         model = ModelCall
         fields = ["id", "seq", "api", "stream", "request", "response", "prompt_ids", "completion_ids", "logprobs",
                   "finish_reason", "status_code", "latency_ms", "policy_version", "drift", "sampling_overrides",
-                  "constraint", "error", "replica", "retried", "created_at"]
+                  "constraint", "choice", "error", "replica", "retried", "created_at"]
 
 
 class SampleSerializer(serializers.ModelSerializer):

@@ -219,7 +219,12 @@ async def test_each_choice_of_an_n_call_is_stored_as_a_call(rollouts):
     assert [c.completion_ids for c in calls[1:]] == [encode(text(0)) + [IM_END], encode(text(1)) + [IM_END]]
     assert calls[2].logprobs == pytest.approx([logprob(1, i) for i in range(len(text(1)) + 1)])
     assert calls[1].request == calls[2].request and calls[1].request["n"] == 2
+    assert [c.choice for c in calls] == [0, 0, 1]  # stored, so the trainer knows the siblings (issue 26.10)
     assert (await sync_to_async(Rollout.objects.get)(pk=rollout.pk)).call_count == 3
+    from runs.harness_source import calls_of
+
+    records, _ = await sync_to_async(calls_of)(rollout.pk)
+    assert [(r.seq, r.choice) for r in records] == [(0, 0), (1, 0), (2, 1)]
 
 
 def _call(rollout_id, seq, status=200, error=None, text="ok", api="chat", response=None):

@@ -185,3 +185,45 @@ def test_a_constrained_calls_tokens_are_context_not_trained():
     assert sample.loss_mask == (0, 0, 0, 0, 0, 0, 1, 1)
     assert sample.logprobs == (0.0,) * 6 + (-0.4, -0.5)
     assert build_samples([forced]).samples == ()  # nothing sampled: no sample to train
+
+
+def _choices(seq, prompt, completions):
+    """The records of one call at `seq` that asked for n = len(completions), as proxy.recording.per_choice makes."""
+    return [CallRecord(seq + k, prompt, ids, tuple(-0.1 * (i + 1) for i in range(len(ids))), choice=k)
+            for k, ids in enumerate(completions)]
+
+
+def test_only_the_choice_a_later_call_continues_is_trained_the_discarded_stay_context():
+    """Issue 26.10: a harness asked for n = 3 and went on with choice 1; choices 0 and 2 were discarded, so they
+    are not trained with the rollout's advantage. The first turn, shared by the sample of choice 0, stays trained."""
+    first = CallRecord(0, (1, 2), (3, 4), (-0.5, -0.6))
+    n_call = _choices(1, (1, 2, 3, 4, 5), [(60, 61), (70, 71), (80, 81)])
+    follow_up = CallRecord(4, (1, 2, 3, 4, 5, 70, 71, 9), (90,), (-0.7,))
+    samples = build_samples([first, *n_call, follow_up]).samples
+    by_calls = {s.call_seqs: s for s in samples}
+    assert set(by_calls) == {(0, 1), (2, 4)}  # choice 0 extended the first turn's sample; choice 1 forked
+    kept_first = by_calls[(0, 1)]
+    assert kept_first.token_ids == (1, 2, 3, 4, 5, 60, 61)
+    assert kept_first.loss_mask == (0, 0, 1, 1, 0, 0, 0)  # the first turn trained, discarded choice 0 not
+    assert [(s.call_seq, s.sampled) for s in kept_first.spans] == [(0, False), (0, True), (1, False), (1, False)]
+    continued = by_calls[(2, 4)]
+    assert continued.token_ids == (1, 2, 3, 4, 5, 70, 71, 9, 90)
+    assert continued.loss_mask == (0, 0, 0, 0, 0, 1, 1, 0, 1)
+    assert continued.logprobs[5:7] == (-0.1, -0.2) and continued.versions[5] == 0
+    # Choice 2 is nobody's continuation and its sample trains nothing: no sample at all.
+    assert all(2 + 1 not in s.call_seqs for s in samples)
+
+
+def test_when_no_later_call_continues_any_choice_all_are_trained():
+    """The rule's other half: the last call of a rollout asked for n = 2 (a vote, or a best-of-n the harness picked
+    from): nothing says which the outcome rests on, so both are trained."""
+    samples = build_samples(_choices(0, (1, 2), [(30, 31), (40,)])).samples
+    assert [(s.call_seqs, s.loss_mask) for s in samples] == [((0,), (0, 0, 1, 1)), ((1,), (0, 0, 1))]
+
+
+def test_a_call_of_one_choice_is_never_taken_for_a_sibling():
+    # Two separate calls with the same prompt (a retry): both choice 0, so the rule does not apply.
+    retry = [CallRecord(0, (1, 2), (3,), (-0.1,)), CallRecord(1, (1, 2), (4,), (-0.2,)),
+             CallRecord(2, (1, 2, 4, 5), (6,), (-0.3,))]
+    samples = build_samples(retry).samples
+    assert sorted(s.num_loss_tokens for s in samples) == [1, 2]
