@@ -282,6 +282,9 @@ if LIGHTNING_RUN_LOST_AFTER_S < 2 * LIGHTNING_HEARTBEAT_EVERY_S:
 LIGHTNING_SWEEP_EVERY_S = env_int("LIGHTNING_SWEEP_EVERY_S", 15, minimum=1)
 LIGHTNING_RUN_MAX_WORKER_STARTS = env_int("LIGHTNING_RUN_MAX_WORKER_STARTS", 5, minimum=1)
 LIGHTNING_CHECKPOINTS_KEPT = env_int("LIGHTNING_CHECKPOINTS_KEPT", 2, minimum=1)
+# A weight update first waits for the model calls in flight to finish (runs.gated_engine); calls that outlast
+# LIGHTNING_WEIGHT_SYNC_DRAIN_S mean a stuck engine or proxy: the run fails saying so instead of waiting forever.
+LIGHTNING_WEIGHT_SYNC_DRAIN_S = env_int("LIGHTNING_WEIGHT_SYNC_DRAIN_S", 600, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "runs.tasks.sweep_lost_runs", "schedule": float(LIGHTNING_SWEEP_EVERY_S),
                         # A sweep nobody took in time is superseded by the next one.

@@ -331,6 +331,16 @@ class ProxyApp:
         finally:  # the parts, their joined copy and the decoded text are freed on return: hold the parsed body
             hold.give(size + cost.peak - cost.kept)
 
+    def _refusal(self, info: RolloutInfo, adapter: Adapter, upstream_body: dict, overrides: dict, exc: ProxyError,
+                 started: float) -> RecordedCall:
+        """The record of a call the proxy refused before the engine saw it (the gate's 429): no tokens."""
+        return RecordedCall(
+            rollout_id=info.rollout_id, seq=self._take_seq(info, adapter.samples), api=adapter.api,
+            request=adapter.request, response=None, upstream_request=upstream_body, prompt_ids=[], completion_ids=[],
+            logprobs=[], finish_reason=None, status_code=exc.status, latency_ms=(time.time() - started) * 1000.0,
+            policy_version=self.policy_version, error=f"{exc.code}: {exc.message}", stream=adapter.stream,
+            started_at=started, sampling_overrides=overrides)
+
     def _take_seq(self, info: RolloutInfo, count: int = 1) -> int:
         seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
         self._seq[info.rollout_id] = seq + count
@@ -351,8 +361,15 @@ class ProxyApp:
                 sampling = rollout_sampling(self.config.sampling, info.sampling)  # a greedy eval attempt's own
                 if sampling is not None:  # here, so all four APIs get it on their final engine body
                     upstream_body, overrides = enforce_sampling(upstream_body, sampling)
+            except ProxyError as exc:
+                return error_response(adapter_cls.error_format, exc)
+            started = time.time()
+            try:
                 await self.gate.enter(timed=_timed(info))
             except ProxyError as exc:
+                # Refused at the gate of a weight update that outlasted pause_wait_s: recorded like any call the
+                # engine could not serve, so a harness that gives up on it is an infrastructure failure.
+                await self.records.record(self._refusal(info, adapter, upstream_body, overrides, exc, started))
                 return error_response(adapter_cls.error_format, exc)
             call = _Call(self, info, adapter, upstream_body, overrides, request.receive)
             if overrides:

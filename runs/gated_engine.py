@@ -6,6 +6,10 @@ import asyncio
 from proxy.server import ProxyServer
 
 
+class WeightSyncStalled(RuntimeError):
+    """The calls in flight did not finish within the drain timeout of a weight update."""
+
+
 class GatedEngine:
     """The scheduler's Engine: a weight update first closes the proxy's gate and drains it, then pauses vLLM.
 
@@ -14,8 +18,9 @@ class GatedEngine:
     ones, so each recorded call's version is that of the weights that produced it.
     """
 
-    def __init__(self, engine, server: ProxyServer):
-        self.engine, self.server = engine, server
+    def __init__(self, engine, server: ProxyServer, drain_timeout_s: float | None = None):
+        """`drain_timeout_s`: how long a weight update waits for the calls in flight (None: as long as they take)."""
+        self.engine, self.server, self.drain_timeout_s = engine, server, drain_timeout_s
 
     @property
     def version(self) -> int:
@@ -27,7 +32,15 @@ class GatedEngine:
         return self.server.app.busy_seconds
 
     async def pause(self) -> None:
-        await asyncio.to_thread(self.server.pause)
+        """Close the gate and wait for the calls in flight, then pause vLLM; WeightSyncStalled if they outlast
+        `drain_timeout_s` (the gate is opened again: the run is failing, its harnesses must not wait on it)."""
+        try:
+            await asyncio.to_thread(self.server.pause, self.drain_timeout_s)
+        except TimeoutError as exc:
+            await asyncio.to_thread(self.server.resume)
+            raise WeightSyncStalled(
+                f"the weight update could not start: {exc} (LIGHTNING_WEIGHT_SYNC_DRAIN_S={self.drain_timeout_s:g}); "
+                "the engine or a harness connection is stuck") from None
         await self.engine.pause()
 
     async def update_weights(self, model, version: int) -> None:

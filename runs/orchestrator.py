@@ -165,8 +165,8 @@ async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
                          replica_alive=getattr(engine, "replica_running", None))
         server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
         try:
-            return await _train(run, config, folder, GatedEngine(engine, server), server, workdir, train_ids,
-                                resume, generation, finish)
+            gated = GatedEngine(engine, server, drain_timeout_s=settings.LIGHTNING_WEIGHT_SYNC_DRAIN_S)
+            return await _train(run, config, folder, gated, server, workdir, train_ids, resume, generation, finish)
         finally:
             await asyncio.to_thread(server.stop)
 

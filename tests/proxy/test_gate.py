@@ -22,7 +22,21 @@ async def test_it_answers_429_with_retry_after_when_paused_too_long(proxy, clien
     assert r.status_code == 429 and r.headers["retry-after"] == "2"
     assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "engine_paused"
     assert m.status_code == 429 and m.json()["error"]["type"] == "rate_limit_error"
-    assert recorder.calls == [] and fake.requests == []
+    assert fake.requests == []  # the engine never saw them
+    # Recorded (issue 26.3): a harness that gives up on a refusal failed for the infrastructure, not the policy.
+    assert [(c.seq, c.api, c.status_code, c.completion_ids) for c in recorder.calls] == [
+        (0, "chat", 429, []), (1, "messages", 429, [])]
+    assert recorder.calls[0].error == "engine_paused: the engine is paused for a weight update; retry shortly"
+    assert recorder.calls[0].request == CHAT and recorder.calls[0].latency_ms >= 0
+
+
+async def test_a_refused_call_with_n_choices_keeps_the_rollouts_seqs_whole(proxy, client, recorder):
+    await proxy.pause()
+    r = await client.post("/chat/completions", json={**CHAT, "n": 2})
+    await proxy.resume()
+    after = await client.post("/chat/completions", json=CHAT)
+    assert (r.status_code, after.status_code) == (429, 200)
+    assert [(c.seq, c.status_code) for c in recorder.calls] == [(0, 429), (1, 429), (2, 200)]
 
 
 async def test_it_holds_new_calls_while_paused_and_lets_them_through_on_resume(proxy, client, recorder):

@@ -19,7 +19,7 @@ from trainer.config import TrainerConfig
 from trainer.samples import CallRecord
 
 HARNESS = '''
-import json, os, sys, urllib.error, urllib.request
+import json, os, sys, time, urllib.error, urllib.request
 task = json.load(open(sys.argv[1]))
 if task.get("exit_before_calling"):
     sys.exit(3)
@@ -27,11 +27,14 @@ body = {"model": "m", "messages": [{"role": "user", "content": task["question"]}
 request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
                                           "Content-Type": "application/json"})
-try:
-    answer = json.loads(urllib.request.urlopen(request, timeout=30).read())["choices"][0]["message"]["content"]
-except urllib.error.HTTPError as exc:
-    print("engine said", exc.code)
-    sys.exit(2)
+for turn in range(task.get("turns", 1)):  # no retry: any HTTP error ends it
+    if turn:
+        time.sleep(task.get("pause_s", 0))
+    try:
+        answer = json.loads(urllib.request.urlopen(request, timeout=30).read())["choices"][0]["message"]["content"]
+    except urllib.error.HTTPError as exc:
+        print("engine said", exc.code)
+        sys.exit(2)
 json.dump({"answer": answer}, open(sys.argv[2], "w"))
 sys.exit(task.get("exit_code", 0))
 '''
@@ -80,11 +83,12 @@ def source(engine, alice, make_run, tmp_path):
     run.save(update_fields=["harness_snapshot"])
     proxies = []
 
-    def build(config=TrainerConfig(failure_reward=-0.5), reward_source=None):
+    def build(config=TrainerConfig(failure_reward=-0.5), reward_source=None, **app_options):
         if reward_source:
             run.reward_snapshot = {**run.reward_snapshot, "source": reward_source}
         upstream = UpstreamConfig(base_url=engine.url, served_model="policy")
-        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream), host="127.0.0.1")
+        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream, **app_options),
+                            host="127.0.0.1")
         proxies.append(proxy.start())
         return HarnessSource(run, config, proxy, tmp_path / "work", [])
 
@@ -132,6 +136,37 @@ async def test_an_engine_error_that_ends_the_harness_is_an_infrastructure_failur
     assert result.failure_kind == "infra" and result.calls == ()
     row = await _rollout(result.rollout_id)
     assert row.failure_kind == "infra" and "engine or proxy error on call 0" in row.error
+
+
+async def test_a_harness_that_gives_up_at_a_weight_update_is_an_infrastructure_failure(source):
+    """Issue 26.3: the model answered the first call; the second meets the gate of a weight update that outlasts
+    the proxy's wait, is refused (429) and recorded so; the harness does not retry and exits. It failed because of
+    the infrastructure, so it is left out of the loss, not trained as the policy's failure."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    from runs.models import ModelCall
+
+    build, run = source
+    task = await _task(run, turns=2, pause_s=1.5)
+    harness_source = build(pause_wait_s=0.3)
+    attempt_task = asyncio.create_task(harness_source.attempt(task, "train", 0, 0, 0))
+    for _ in range(200):  # the first call recorded: the weight update starts
+        if await sync_to_async(ModelCall.objects.filter(status_code=200).exists)():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(harness_source.server.pause)
+    result = await attempt_task
+    await asyncio.to_thread(harness_source.server.resume)
+
+    assert result.failure_kind == "infra" and len(result.calls) == 1
+    calls = await sync_to_async(lambda: list(ModelCall.objects.filter(rollout_id=int(result.rollout_id))
+                                             .order_by("seq").values_list("seq", "status_code", "error")))()
+    assert calls == [(0, 200, ""), (1, 429, "engine_paused: the engine is paused for a weight update; retry shortly")]
+    row = await _rollout(result.rollout_id)
+    assert (row.status, row.failure_kind, row.exit_code) == ("failed", "infra", 2)
+    assert "engine or proxy error on call 1: engine_paused" in row.error
 
 
 async def test_a_crashing_reward_script_is_an_infrastructure_failure(source):

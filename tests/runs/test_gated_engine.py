@@ -102,3 +102,28 @@ def test_without_the_gate_calls_run_across_the_swap(stand):
     calls_during_updates(proxy, weights)
     mislabelled = [c for c in recorder.calls if c.policy_version != served_by(c)]
     assert fake.mixed or mislabelled
+
+
+def test_a_weight_update_whose_calls_never_drain_fails_saying_so_and_reopens_the_gate(stand):
+    """Issue 26.3: a call stuck at the engine (here 5 s against a 0.3 s drain timeout) no longer holds the run
+    forever: the update fails with a clear error, and the gate opens again for the harnesses' other calls."""
+    from runs.gated_engine import WeightSyncStalled
+
+    fake, proxy, recorder, weights = stand
+    fake.latency_s = 5.0
+    stuck = threading.Thread(target=lambda: httpx.post(
+        f"http://127.0.0.1:{proxy.port}/rollouts/r0/v1/chat/completions", timeout=30, headers={"authorization":
+        "Bearer key"}, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+    stuck.start()
+    deadline = time.monotonic() + 10
+    while proxy.app.gate.in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    engine = GatedEngine(weights, proxy, drain_timeout_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(WeightSyncStalled, match=r"1 calls still in flight after 0.3s.*"
+                                                r"LIGHTNING_WEIGHT_SYNC_DRAIN_S=0.3.*stuck"):
+        asyncio.run(engine.pause())
+    assert time.monotonic() - started < 3
+    assert not proxy.app.gate.paused and weights.version == 0  # no update happened; the gate is open again
+    stuck.join(30)
+    assert [c.status_code for c in recorder.calls] == [200]
