@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
+from collections import Counter
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
@@ -99,7 +101,7 @@ class HarnessSource:
         calls, trouble = await db(calls_of)(rollout.pk)
         with self.scoring.track() if split == "train" else nullcontext():
             reward, detail, reward_error = await self._score(task, out)
-        kind, error = failure_of(out, reward_error, calls, trouble)
+        kind, error = failure_of(out, reward_error, calls, trouble, detail.get("reward_kind", ""))
         if kind == scheduler.POLICY_FAILURE:
             detail = {**detail, "script_reward": reward}
             reward = self.config.failure_reward
@@ -117,7 +119,8 @@ class HarnessSource:
         result = await asyncio.to_thread(services.score_reward, script["source"], task.data, out.outcome,
                                          script["timeout_s"])
         if not result.ok:
-            return None, {"reward_error": result.error, "reward_output": result.output}, f"reward: {result.error}"
+            return None, {"reward_error": result.error, "reward_output": result.output, "reward_kind": result.kind}, \
+                f"reward: {result.error}"
         return result.reward, result.detail, ""
 
 
@@ -144,15 +147,24 @@ class BusyTime:
                 self._closed += time.perf_counter() - self._since
 
 
-def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: str) -> tuple[str, str]:
+def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: str,
+               reward_kind: str = "") -> tuple[str, str]:
     """(failure kind, error) of a finished attempt: '' when it succeeded.
 
     Infrastructure: the harness could not start, the reward script crashed, or the harness failed after an engine
-    or proxy error answered one of its calls. Policy: the harness timed out or exited non-zero after the model had answered (what the model
-    did caused it). A harness that fails before any answer tells nothing about the model: infrastructure.
+    or proxy error answered one of its calls. Policy: the harness timed out or exited non-zero after the model had
+    answered (what the model did caused it), or the reward script declared the outcome unparseable (`reward_kind`
+    'unparseable': it raised UnparseableOutcome). A harness that fails before any answer tells nothing about the
+    model: infrastructure.
     """
     if out.error and out.exit_code is None:
         return scheduler.INFRA_FAILURE, out.error
+    if reward_kind == "unparseable":
+        if out.error and trouble:
+            return scheduler.INFRA_FAILURE, f"{out.error} after {trouble}"
+        if not calls:
+            return scheduler.INFRA_FAILURE, f"{reward_error} before the model answered any call"
+        return scheduler.POLICY_FAILURE, reward_error
     if reward_error:
         return scheduler.INFRA_FAILURE, reward_error
     if not out.error:
@@ -162,6 +174,41 @@ def failure_of(out, reward_error: str, calls: tuple[CallRecord, ...], trouble: s
     if calls:
         return scheduler.POLICY_FAILURE, out.error
     return scheduler.INFRA_FAILURE, f"{out.error} before the model answered any call"
+
+
+REWARD_ERROR = "reward: "
+"""How the error of a rollout whose reward script failed begins (HarnessSource._score)."""
+
+
+def reward_script_counts(rollouts) -> dict[str, float]:
+    """A step's reward script failures (RolloutResults): `reward/script_errors`, the script's own exceptions
+    (infrastructure failures, left out of the loss), and `reward/unparseable`, outcomes it declared unparseable
+    (UnparseableOutcome: the policy's failures)."""
+    errors = sum(r.failure_kind == scheduler.INFRA_FAILURE and r.error.startswith(REWARD_ERROR) for r in rollouts)
+    unparseable = sum(r.failure_kind == scheduler.POLICY_FAILURE and
+                      r.error.startswith(REWARD_ERROR + "UnparseableOutcome") for r in rollouts)
+    return {"reward/script_errors": float(errors), "reward/unparseable": float(unparseable)}
+
+
+def _script_raised(rollout) -> bool:
+    """The rollout's reward script raised an exception of its own ('reward: KeyError: ... (line 3)'), rather than
+    running out of time or memory, being killed or refused, which the machine may cause."""
+    rest = rollout.error.removeprefix(REWARD_ERROR)
+    return (rollout.failure_kind == scheduler.INFRA_FAILURE and rollout.error.startswith(REWARD_ERROR)
+            and re.match(r"[A-Za-z_]\w*: ", rest) is not None and not rest.startswith("MemoryError"))
+
+
+def reward_script_bug(rollouts, step: int) -> str:
+    """'' unless the reward script raised an exception on every rollout of the step: then the run's error, naming
+    the most frequent one. An exception on every outcome is the script's own bug, not the policy's garbage."""
+    if not rollouts or not all(_script_raised(r) for r in rollouts):
+        return ""
+    errors = Counter(r.error.removeprefix(REWARD_ERROR) for r in rollouts)
+    error, times = errors.most_common(1)[0]
+    return (f"the reward script raised on all {len(rollouts)} rollouts of step {step} ({times} times: {error}): "
+            "a bug in the script, not in the outcomes. Try it on a task in the reward script's test panel, fix it, "
+            "then clone the run. (An outcome it cannot parse should raise UnparseableOutcome: that scores as the "
+            "policy's failure.)")
 
 
 ENGINE_TROUBLE = (429, 500, 502, 503, 504)

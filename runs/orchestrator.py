@@ -20,7 +20,7 @@ from proxy.types import UpstreamConfig
 from runs import durability, executors, isolation, registry, rollout_services, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
-from runs.harness_source import HarnessSource
+from runs.harness_source import HarnessSource, reward_script_bug, reward_script_counts
 from runs.models import Metric, Run, RunStatus
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from runs.recorder import DjangoRecorder, cached_directory
@@ -217,11 +217,15 @@ async def _steps(run, config, engine, server, workdir, resume, generation, token
     async def on_step(report: scheduler.StepReport) -> None:
         # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
         report.metrics["proxy/sampling_overridden_calls"] = float(overridden.delta())
+        report.metrics.update(reward_script_counts(report.rollouts))
         await db(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
                                                _sample_rows(report), _drift_rows(report), report.metrics,
                                                _batch_rows(report))
         await _log(run.pk, f"step {report.policy_version}/{last_step()}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
+        bug = reward_script_bug(report.rollouts, report.policy_version)
+        if bug:
+            raise RunSetupError(bug)
         await evaluator.maybe(report.policy_version, force=report.policy_version >= last_step())
 
     async def on_checkpoint(path: Path, step: int) -> None:

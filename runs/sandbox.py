@@ -37,6 +37,7 @@ class ScoreResult:
     detail: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     kind: str = ""  # exception | syntax | timeout | memory | output | crashed | invalid | refused (no isolation)
+    # | unparseable (the script raised UnparseableOutcome: the policy's failure, see runs/sandbox_runner.py)
     output: str = ""
     duration_ms: float = 0.0
 

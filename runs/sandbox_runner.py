@@ -5,6 +5,11 @@ bubblewrap where runs.isolation can use it). It sets its own limits before it re
 user code runs without them.
 argv: result_fd memory_bytes cpu_s file_bytes nproc (0: none). stdin: {"source": str, "task": obj, "outcome": obj}.
 The result goes to the inherited pipe result_fd as one JSON object.
+
+A script declares an outcome it cannot make sense of (garbage output, no answer block) by raising
+`UnparseableOutcome(why)`, a name every script has without importing anything: the rollout then scores as the
+policy's failure (reward 0, or the run's failure_reward), not as the script's own crash, which a run leaves out of
+the loss as an infrastructure failure.
 """
 import json
 import math
@@ -12,6 +17,10 @@ import os
 import resource
 import sys
 import traceback
+
+
+class UnparseableOutcome(Exception):
+    """Raised by a reward script: the outcome is the policy's garbage, to be scored as its failure."""
 
 
 def _user_frames(exc: BaseException) -> str:
@@ -52,13 +61,15 @@ def main() -> None:
     _limit(memory, cpu, file_bytes, nproc)
     payload = json.loads(sys.stdin.read())
     try:
-        namespace = {"__name__": "reward_script"}
+        namespace = {"__name__": "reward_script", "UnparseableOutcome": UnparseableOutcome}
         exec(compile(payload["source"], "<reward>", "exec"), namespace)
         func = namespace.get("reward")
         if not callable(func):
             raise NameError("the script must define a function reward(task, outcome)")
         reward, detail = _check(func(payload["task"], payload["outcome"]))
         out = {"ok": True, "reward": reward, "detail": detail}
+    except UnparseableOutcome as exc:
+        out = {"ok": False, "kind": "unparseable", "error": f"UnparseableOutcome: {exc}"}
     except MemoryError:
         out = {"ok": False, "kind": "memory", "error": "MemoryError: the reward script ran out of memory"}
     except SyntaxError as exc:

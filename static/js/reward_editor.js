@@ -96,7 +96,8 @@ function pretty(value) {
 
 function showResult(result) {
   const status = $("test-status");
-  status.textContent = result.ok ? "ok" : (result.kind || "failed");
+  // UnparseableOutcome: the script declared the outcome garbage; a run scores it as the policy's failure.
+  status.textContent = result.ok ? "ok" : (result.kind === "unparseable" ? "unparseable: a run scores it as the policy's failure (failure_reward)" : (result.kind || "failed"));
   status.className = `status status-${result.ok ? "succeeded" : "failed"}`;
   $("test-reward").textContent = result.reward === null ? "none" : String(result.reward);
   $("test-duration").textContent = `${result.duration_ms} ms`;

@@ -49,6 +49,12 @@ const PANELS = [
       { metric: "samples/dropped_rollouts", label: "dropped rollouts (no trained sample)", color: "#b42318",
         axis: "y2" },
       { metric: "rollout/policy_failures", label: "policy failures", color: "#f79009", axis: "y2" },
+      // The reward script's own exceptions (left out of the loss) and the outcomes it declared unparseable
+      // (UnparseableOutcome: trained as policy failures).
+      { metric: "reward/script_errors", label: "reward script errors (not trained)", color: "#912018", axis: "y2",
+        dash: "dash" },
+      { metric: "reward/unparseable", label: "outcomes the reward script could not parse", color: "#dc6803",
+        axis: "y2", dash: "dash" },
       { metric: "drift/clean_count", label: "drift: clean appends", color: "#98a2b3", axis: "y2", dash: "dot" },
       { metric: "drift/realign_count", label: "drift: realigns", color: "#dd2590", axis: "y2", dash: "dot" },
       { metric: "drift/fork_count", label: "drift: forks", color: "#6941c6", axis: "y2", dash: "dot" },

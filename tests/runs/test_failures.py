@@ -63,6 +63,47 @@ def test_failure_of_tells_policy_from_infrastructure(out, reward_error, calls, t
     assert bool(error) == bool(kind)
 
 
+UNPARSEABLE = "reward: UnparseableOutcome: no answer"
+
+
+@pytest.mark.parametrize("out, calls, trouble, kind, error", [
+    (outcome(), (CALL,), "", "policy", UNPARSEABLE),  # the policy's garbage: its failure
+    (outcome(1, "harness exited with code 1"), (CALL,), "", "policy", UNPARSEABLE),
+    (outcome(1, "harness exited with code 1"), (CALL,), "engine or proxy error on call 1: 502", "infra",
+     "harness exited with code 1 after engine or proxy error on call 1: 502"),  # the engine's doing first
+    (outcome(), (), "", "infra", UNPARSEABLE + " before the model answered any call"),  # nothing of the model's
+])
+def test_an_outcome_the_script_declares_unparseable_is_the_policys_failure(out, calls, trouble, kind, error):
+    """Issue 26.4: a declared UnparseableOutcome is no free pass: trained as the policy's failure, unless the
+    infrastructure failed first or the model never answered."""
+    got, why = failure_of(out, UNPARSEABLE, calls, trouble, reward_kind="unparseable")
+    assert (got, why) == (kind, error)
+    # The same text from an undeclared exception stays the script's crash: an infrastructure failure.
+    assert failure_of(out, UNPARSEABLE, calls, trouble)[0] == "infra"
+
+
+def test_the_steps_reward_script_counts_and_the_bug_rule():
+    from runs.harness_source import reward_script_bug, reward_script_counts
+    from trainer.scheduler import RolloutResult
+
+    def result(kind, error):
+        return RolloutResult(0, "r", (), 0.0, failure_kind=kind, error=error)
+
+    crash = result("infra", "reward: KeyError: 'answer' (line 3)")
+    garbage = result("policy", "reward: UnparseableOutcome: no answer block")
+    timeout = result("infra", "reward: the reward script timed out after 10 s")
+    fine = result("", "")
+    assert reward_script_counts([crash, crash, garbage, timeout, fine]) == {
+        "reward/script_errors": 3.0, "reward/unparseable": 1.0}
+    assert reward_script_bug([crash, garbage, fine], 2) == ""  # some outcomes only: maybe the outcomes
+    assert reward_script_bug([timeout, timeout], 2) == ""  # the machine may cause those
+    assert reward_script_bug([], 2) == ""
+    message = reward_script_bug([crash, crash, result("infra", "reward: ZeroDivisionError: division by zero")], 4)
+    assert message.startswith("the reward script raised on all 3 rollouts of step 4 (2 times: KeyError: 'answer' "
+                              "(line 3)): a bug in the script")
+    assert "UnparseableOutcome" in message
+
+
 @pytest.fixture
 def engine():
     """The fake vLLM on a real socket (ProxyServer serves any ASGI app on its own thread)."""
@@ -175,6 +216,17 @@ async def test_a_crashing_reward_script_is_an_infrastructure_failure(source):
     assert result.failure_kind == "infra" and len(result.calls) == 1
     row = await _rollout(result.rollout_id)
     assert row.failure_kind == "infra" and row.error.startswith("reward: ") and "ZeroDivisionError" in row.error
+
+
+async def test_an_outcome_the_reward_script_cannot_parse_is_trained_as_the_policys_failure(source):
+    build, run = source
+    declares = "def reward(task, outcome):\n    raise UnparseableOutcome('no number in ' + repr(outcome)[:20])\n"
+    result = await attempt(build, await _task(run), reward_source=declares)
+    assert (result.failure_kind, result.reward, len(result.calls)) == ("policy", -0.5, 1)  # the run's failure_reward
+    row = await _rollout(result.rollout_id)
+    assert (row.status, row.failure_kind, row.reward) == ("failed", "policy", -0.5)
+    assert row.error.startswith("reward: UnparseableOutcome: no number in")
+    assert row.reward_detail["reward_kind"] == "unparseable"
 
 
 async def test_a_clean_attempt_is_no_failure(source):

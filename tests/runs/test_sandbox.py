@@ -33,6 +33,18 @@ def test_user_errors_are_readable(body, kind, error):
     assert not result.ok and result.kind == kind and result.error == error and result.reward is None
 
 
+def test_a_script_declares_an_unparseable_outcome_without_importing_anything():
+    """Issue 26.4: UnparseableOutcome is in every script's namespace; raising it is its own kind, not a crash."""
+    source = ("def reward(task, outcome):\n"
+              "    if 'answer' not in outcome:\n"
+              "        raise UnparseableOutcome('no answer block in the output')\n"
+              "    return 1.0\n")
+    result = score(source, {}, {"text": "```````"}, FAST)
+    assert not result.ok and result.kind == "unparseable" and result.reward is None
+    assert result.error == "UnparseableOutcome: no answer block in the output"
+    assert score(source, {}, {"answer": 4}, FAST).reward == 1.0
+
+
 def test_a_syntax_error_names_the_line():
     result = score("x = 1\ndef reward(task outcome):\n    pass\n", {}, {}, FAST)
     assert not result.ok and result.kind == "syntax" and result.error == "SyntaxError: invalid syntax (line 2)"
