@@ -285,6 +285,9 @@ LIGHTNING_CHECKPOINTS_KEPT = env_int("LIGHTNING_CHECKPOINTS_KEPT", 2, minimum=1)
 # A weight update first waits for the model calls in flight to finish (runs.gated_engine); calls that outlast
 # LIGHTNING_WEIGHT_SYNC_DRAIN_S mean a stuck engine or proxy: the run fails saying so instead of waiting forever.
 LIGHTNING_WEIGHT_SYNC_DRAIN_S = env_int("LIGHTNING_WEIGHT_SYNC_DRAIN_S", 600, minimum=1)
+# A finished rollout's samples are built only once every call the proxy answered for it is stored; a rollout whose
+# calls the database still refuses after LIGHTNING_RECORD_DEADLINE_S is an infrastructure failure, never trained.
+LIGHTNING_RECORD_DEADLINE_S = env_int("LIGHTNING_RECORD_DEADLINE_S", 60, minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "runs.tasks.sweep_lost_runs", "schedule": float(LIGHTNING_SWEEP_EVERY_S),
                         # A sweep nobody took in time is superseded by the next one.

@@ -83,6 +83,7 @@ class _Call:
         self.rollout_id = info.rollout_id
         self.timed = _timed(info)  # as admitted: gate.exit must match gate.enter
         self.seq = proxy._take_seq(info, adapter.samples)  # n > 1: one seq per choice (recording.per_choice)
+        proxy._live.setdefault(self.rollout_id, set()).add(self)  # until its record is built (see settled)
         self.policy_version = proxy.policy_version  # read after gate.enter(): the weights that will answer
         self.started_at, self._t0 = time.time(), time.perf_counter()
         self.placement = Placement()  # the engine replica that answers, set by proxy.replicas
@@ -95,6 +96,7 @@ class _Call:
     async def _watch(self, receive) -> None:
         await _hung_up(receive)
         self.hung_up = True
+        await self.proxy._notify_settled()
 
     async def answered(self, answer: dict | None, response: dict | None) -> RecordedCall:
         """finish() a call the engine answered in full: 200, or 499 if the harness is gone.
@@ -112,6 +114,11 @@ class _Call:
         """Build the record; the call leaves the gate once `store` or `submit` has recorded it."""
         self.done = True
         self._watcher.cancel()
+        live = self.proxy._live.get(self.rollout_id)
+        if live is not None:
+            live.discard(self)
+            if not live:
+                del self.proxy._live[self.rollout_id]
         if status == 200 and self.hung_up:  # answered, but the harness was gone before it had it all
             status, error = CLIENT_CLOSED, self.cut_short()
         tokens = extract_tokens(answer)
@@ -207,8 +214,13 @@ class ProxyApp:
         self.config = upstream
         # The engine, or its replicas (upstream.replica_urls): `replica_alive(i)` tells whether replica i still runs.
         self.engines = Replicas(upstream, transport, alive=replica_alive)
-        self.records = RecordingQueue(recorder)
+        self.records = RecordingQueue(recorder, on_stored=self._stored)
         self.recorder = recorder
+        # Seqs given out and not yet stored, by rollout, and the calls still waiting for their answer (see settled).
+        self._unstored: dict[str, int] = {}
+        self._live: dict[str, set[_Call]] = {}
+        self._settled_waiters = 0
+        self._settled = asyncio.Condition()  # bound to the serving loop on first use
         self.gate = Gate(pause_wait_s, retry_after_s)
         self.max_body_bytes = max_body_bytes
         self.bodies = BodyBudget(bodies_limit_bytes)  # all requests together
@@ -344,7 +356,45 @@ class ProxyApp:
     def _take_seq(self, info: RolloutInfo, count: int = 1) -> int:
         seq = max(self._seq.get(info.rollout_id, 0), info.next_seq)
         self._seq[info.rollout_id] = seq + count
+        self._unstored[info.rollout_id] = self._unstored.get(info.rollout_id, 0) + count
         return seq
+
+    def _stored(self, record: RecordedCall) -> None:
+        left = self._unstored.get(record.rollout_id, 0) - 1
+        if left > 0:
+            self._unstored[record.rollout_id] = left
+        else:
+            self._unstored.pop(record.rollout_id, None)
+        if self._settled_waiters:
+            asyncio.get_running_loop().create_task(self._notify_settled())
+
+    async def _notify_settled(self) -> None:
+        if not self._settled_waiters:
+            return
+        async with self._settled:
+            self._settled.notify_all()
+
+    def unstored(self, rollout_id: str) -> int:
+        """Records of the rollout's calls that a trainer must still wait for: built (answered or refused) and not
+        yet stored (still writing, or queued for retry while the database refuses them), plus calls still waiting
+        for the engine whose harness is connected. A call whose harness hung up is recorded later as 499, which is
+        never trained: nothing waits for it."""
+        live = self._live.get(rollout_id, ())
+        waiting = sum(call.adapter.samples for call in live if call.hung_up)
+        return self._unstored.get(rollout_id, 0) - waiting
+
+    async def settled(self, rollout_id: str, timeout: float) -> int:
+        """Wait up to `timeout` s until the rollout's trajectory is whole in the recorder (unstored() is 0); the
+        records still missing then (0: whole)."""
+        self._settled_waiters += 1
+        try:
+            async with self._settled:
+                await asyncio.wait_for(self._settled.wait_for(lambda: self.unstored(rollout_id) == 0), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._settled_waiters -= 1
+        return self.unstored(rollout_id)
 
     # --- model calls ---------------------------------------------------------------------------------
 

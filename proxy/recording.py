@@ -88,8 +88,11 @@ class ResponseLog:
 class RecordingQueue:
     """Records calls through a Recorder; a failed record is retried with backoff until it is stored."""
 
-    def __init__(self, recorder: Recorder, max_retry: int = 100_000, backoff_s: float = 0.5) -> None:
+    def __init__(self, recorder: Recorder, max_retry: int = 100_000, backoff_s: float = 0.5,
+                 on_stored: Callable[[RecordedCall], None] | None = None) -> None:
+        """`on_stored(record)` hears of each record (one per choice) once the recorder has stored it."""
         self.recorder = recorder
+        self.on_stored = on_stored
         self.retry: deque[RecordedCall] = deque()
         self.max_retry = max_retry
         self.backoff_s = backoff_s
@@ -112,6 +115,12 @@ class RecordingQueue:
         except Exception:
             logger.exception("rollout %s seq %s: recorder failed; queued for retry", call.rollout_id, call.seq)
             self._queue(call)
+        else:
+            self._stored(call)
+
+    def _stored(self, call: RecordedCall) -> None:
+        if self.on_stored is not None:
+            self.on_stored(call)
 
     def submit(self, call: RecordedCall, then: Callable[[], None] | None = None) -> asyncio.Task:
         """Record in the background (for paths that must not wait, such as a disconnected stream), then call
@@ -158,6 +167,7 @@ class RecordingQueue:
                              call.rollout_id, call.seq, exc, len(self.retry))
                 return False
             self.retry.popleft()
+            self._stored(call)
             logger.info("rollout %s seq %s: recorded on retry", call.rollout_id, call.seq)
         return True
 

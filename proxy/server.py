@@ -140,6 +140,10 @@ class ProxyServer:
     def resume(self) -> None:
         self._call(self.app.resume(), 30)
 
+    def settled(self, rollout_id: str, timeout: float) -> int:
+        """Block until every call of the rollout is stored or `timeout` s passed; the records still unstored."""
+        return self._call(self.app.settled(rollout_id, timeout), timeout + 30)
+
     def set_policy_version(self, version: int) -> None:
         self.app.set_policy_version(version)  # a plain attribute write: safe from any thread
 

@@ -12,6 +12,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
+from django.conf import settings
+
 from proxy.server import ProxyServer
 from runs import rollout_services, services
 from runs.executor import Attempt
@@ -98,6 +100,18 @@ class HarnessSource:
                     rollout.pk, status=RolloutStatus.CANCELLED, reward=None, reward_detail={}, exit_code=None,
                     error="cancelled with its run")
             raise
+        unstored = await asyncio.to_thread(self.server.settled, str(rollout.pk), settings.LIGHTNING_RECORD_DEADLINE_S)
+        if unstored:  # the database refused some of its calls so far: its trajectory has holes
+            error = (f"{unstored} of its calls were answered but not stored within "
+                     f"{settings.LIGHTNING_RECORD_DEADLINE_S:g} s (the database refused them; the proxy keeps "
+                     "retrying): a trajectory with holes is never trained")
+            await db(rollout_services.finish_rollout)(
+                rollout.pk, status=RolloutStatus.FAILED, reward=None, reward_detail={}, exit_code=out.exit_code,
+                stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail, error=error,
+                failure_kind=scheduler.INFRA_FAILURE)
+            return scheduler.RolloutResult(group, str(rollout.pk), (), 0.0, failure_kind=scheduler.INFRA_FAILURE,
+                                           error=error)
+        # Every call the proxy answered or refused is stored: the calls read now are the whole trajectory.
         calls, trouble = await db(calls_of)(rollout.pk)
         with self.scoring.track() if split == "train" else nullcontext():
             reward, detail, reward_error = await self._score(task, out)

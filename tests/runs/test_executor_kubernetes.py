@@ -411,6 +411,9 @@ async def test_a_rollout_of_a_kubernetes_harness_is_recorded_and_scored(cluster,
         def base_url(self, rollout_id: str) -> str:
             return f"http://127.0.0.1:41234/rollouts/{rollout_id}/v1"
 
+        def settled(self, rollout_id: str, timeout: float) -> int:
+            return 0
+
     source = HarnessSource(run, config=None, server=Endpoint(), workdir=tmp_path / "run", train_ids=[task.pk])
     running = asyncio.create_task(source.attempt(task, "train", 0, 0, 0))
     job = await created_job(cluster)

@@ -124,12 +124,12 @@ def source(engine, alice, make_run, tmp_path):
     run.save(update_fields=["harness_snapshot"])
     proxies = []
 
-    def build(config=TrainerConfig(failure_reward=-0.5), reward_source=None, **app_options):
+    def build(config=TrainerConfig(failure_reward=-0.5), reward_source=None, recorder=None, **app_options):
         if reward_source:
             run.reward_snapshot = {**run.reward_snapshot, "source": reward_source}
         upstream = UpstreamConfig(base_url=engine.url, served_model="policy")
-        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), DjangoRecorder(), upstream, **app_options),
-                            host="127.0.0.1")
+        proxy = ProxyServer(create_app(cached_directory(run.pk, ttl_s=0.1), recorder or DjangoRecorder(), upstream,
+                                       **app_options), host="127.0.0.1")
         proxies.append(proxy.start())
         return HarnessSource(run, config, proxy, tmp_path / "work", [])
 
@@ -208,6 +208,53 @@ async def test_a_harness_that_gives_up_at_a_weight_update_is_an_infrastructure_f
     row = await _rollout(result.rollout_id)
     assert (row.status, row.failure_kind, row.exit_code) == ("failed", "infra", 2)
     assert "engine or proxy error on call 1: engine_paused" in row.error
+
+
+class FlakyRecorder(DjangoRecorder):
+    """The database refuses the writes of call `seq` while `down` is set (an outage in the middle of a rollout)."""
+
+    def __init__(self, seq: int):
+        super().__init__()
+        self.seq, self.down, self.refused = seq, True, 0
+
+    async def record(self, call):
+        if self.down and call.seq == self.seq:
+            self.refused += 1
+            raise RuntimeError("database unavailable (injected)")
+        await super().record(call)
+
+
+async def test_a_rollout_waits_for_its_calls_to_be_stored_before_it_is_trained(source):
+    """Issue 26.5: the second call's write fails and is retried by the proxy while the harness already finished.
+    The rollout's samples are built only once that retry stored it: the trajectory trained is whole."""
+    import asyncio
+
+    build, run = source
+    recorder = FlakyRecorder(seq=1)
+    harness_source = build(recorder=recorder)
+    attempt_task = asyncio.create_task(harness_source.attempt(await _task(run, turns=2), "train", 0, 0, 0))
+    for _ in range(400):
+        if recorder.refused:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.5)  # the harness is done by now; the trainer would read one call of two without the wait
+    assert not attempt_task.done()
+    recorder.down = False  # the database is back: the proxy's retry stores call 1
+    result = await attempt_task
+    assert result.failure_kind == "" and [c.seq for c in result.calls] == [0, 1]
+
+
+async def test_a_rollout_whose_calls_the_database_keeps_refusing_is_an_infrastructure_failure(source, settings):
+    build, run = source
+    settings.LIGHTNING_RECORD_DEADLINE_S = 1
+    recorder = FlakyRecorder(seq=1)
+    result = await build(recorder=recorder).attempt(await _task(run, turns=2), "train", 0, 0, 0)
+    assert result.failure_kind == "infra" and result.calls == ()
+    assert result.error == ("1 of its calls were answered but not stored within 1 s (the database refused them; the "
+                            "proxy keeps retrying): a trajectory with holes is never trained")
+    row = await _rollout(result.rollout_id)
+    assert (row.status, row.failure_kind, row.error) == ("failed", "infra", result.error)
+    recorder.down = False
 
 
 async def test_a_crashing_reward_script_is_an_infrastructure_failure(source):

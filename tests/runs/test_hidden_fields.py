@@ -97,6 +97,9 @@ class Endpoint:
     def base_url(self, rollout_id: str) -> str:
         return f"http://127.0.0.1:9/rollouts/{rollout_id}/v1"
 
+    def settled(self, rollout_id: str, timeout: float) -> int:
+        return 0  # no call was made, so none is unstored
+
 
 PLACEHOLDERS = ["{task_file}", "{output_file}", "{task_id}", "{workdir}", "{base_url}", "{api_key}", "{model}",
                 "{rollout_id}"]
