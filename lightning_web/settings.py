@@ -288,6 +288,11 @@ LIGHTNING_WEIGHT_SYNC_DRAIN_S = env_int("LIGHTNING_WEIGHT_SYNC_DRAIN_S", 600, mi
 # A finished rollout's samples are built only once every call the proxy answered for it is stored; a rollout whose
 # calls the database still refuses after LIGHTNING_RECORD_DEADLINE_S is an infrastructure failure, never trained.
 LIGHTNING_RECORD_DEADLINE_S = env_int("LIGHTNING_RECORD_DEADLINE_S", 60, minimum=1)
+# Rollout workdirs go once the rollout is recorded; a run keeps its newest LIGHTNING_FAILED_WORKDIRS_KEPT failed ones
+# younger than LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H hours, for debugging (runs.disk; `./lw manage disk` frees more).
+LIGHTNING_FAILED_WORKDIRS_KEPT = env_int("LIGHTNING_FAILED_WORKDIRS_KEPT", 20, minimum=0)
+LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H = env_int("LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H", 24, minimum=0)
+LIGHTNING_KEEP_ROLLOUT_WORKDIRS = env_bool("LIGHTNING_KEEP_ROLLOUT_WORKDIRS", False)  # debugging: keep them all
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "runs.tasks.sweep_lost_runs", "schedule": float(LIGHTNING_SWEEP_EVERY_S),
                         # A sweep nobody took in time is superseded by the next one.

@@ -15,7 +15,7 @@ from typing import Iterator
 from django.conf import settings
 
 from proxy.server import ProxyServer
-from runs import rollout_services, services
+from runs import disk, rollout_services, services
 from runs.executor import Attempt
 from runs.executors import for_harness
 from runs.models import ModelCall, RolloutStatus, Run, Task
@@ -81,11 +81,24 @@ class HarnessSource:
             self.run, task=task, split=split, step=version, group=group, attempt=attempt, greedy=greedy,
             policy_version=version)  # self.run is as the worker loaded it: its own version is the start's
         await db(rollout_services.start_rollout)(rollout.pk)
+        workdir = self.workdir / "rollouts" / str(rollout.pk)
+        try:
+            result = await self._attempt(task, split, version, group, rollout, secret, workdir)
+        except asyncio.CancelledError:
+            if not self.stop_reason:  # cancelled with its run: nothing to debug (an engine death is kept)
+                disk.remove(workdir)
+            raise
+        # Recorded: its workdir goes, but for a failed one (kept for debugging, within the run's limits).
+        await asyncio.to_thread(disk.reclaim_workdir, workdir, bool(result.failure_kind))
+        return result
+
+    async def _attempt(self, task: Task, split: str, version: int, group: int, rollout, secret: str,
+                       workdir: Path) -> scheduler.RolloutResult:
         harness = self.run.harness_snapshot
         try:
             out = await self.executor.run(Attempt(
                 command=harness["command"], env=harness.get("env") or {}, timeout_s=harness["timeout_s"],
-                workdir=self.workdir / "rollouts" / str(rollout.pk), task_id=task.external_id,
+                workdir=workdir, task_id=task.external_id,
                 task=self.run.harness_task(task.data),
                 rollout_id=str(rollout.pk), base_url=self.server.base_url(str(rollout.pk)), api_key=secret,
                 read_only=tuple((harness.get("resources") or {}).get("read_only") or ()),

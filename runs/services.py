@@ -377,6 +377,21 @@ def cancel_run(run: Run, user) -> Run:
     raise InvalidTransition(f"run {run.pk} is {run.status}; only queued, starting or running runs can be cancelled")
 
 
+def delete_run(run: Run, user) -> None:
+    """Delete a finished run: its rows, then (once that commits) its folder, checkpoints and the served model
+    folders staged from them (runs.disk.delete_run_files)."""
+    from runs import disk
+
+    check_owner(user, run)
+    run.refresh_from_db(fields=["status"])
+    if not run.is_finished:
+        raise InvalidTransition(f"run {run.pk} is {run.status}; cancel it before deleting")
+    run_id = run.pk
+    with transaction.atomic():
+        run.delete()
+        transaction.on_commit(lambda: disk.delete_run_files(run_id))
+
+
 def finish_run(run: Run, user) -> Run:
     """Finish a starting or running run early: the step it trains now (or its next, while it starts) becomes its
     last; it then evaluates, checkpoints and succeeds as if that had been its step count (its config's `steps`

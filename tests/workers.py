@@ -50,7 +50,9 @@ class Workers:
                         LIGHTNING_MODELS_DIR=str(settings.LIGHTNING_MODELS_DIR),
                         CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
                         LIGHTNING_HEARTBEAT_EVERY_S="1", LIGHTNING_RUN_LOST_AFTER_S="4",
-                        LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1")
+                        LIGHTNING_SWEEP_EVERY_S="1", LIGHTNING_CHECKPOINTS_KEPT="5", PYTHONUNBUFFERED="1",
+                        # The tests read each harness's answers.jsonl (what it was told) after the run.
+                        LIGHTNING_KEEP_ROLLOUT_WORKDIRS="1")
         self.data_dir = tmp_path / "data"
         self.runs_dir = self.data_dir / "runs"
 

@@ -147,9 +147,7 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
-        if not instance.is_finished:
-            raise services.InvalidTransition(f"run {instance.pk} is {instance.status}; cancel it before deleting")
-        instance.delete()
+        services.delete_run(instance, self.request.user)
 
     @extend_schema(request=None, responses=s.RunSerializer)
     @action(detail=True, methods=["post"])

@@ -284,6 +284,17 @@ async def test_a_clean_attempt_is_no_failure(source):
     assert "script_reward" not in row.reward_detail and row.reward in (0.0, 1.0)
 
 
+async def test_a_recorded_rollouts_workdir_goes_but_a_failed_ones_stays(source):
+    """Issue 26.2: once recorded, a succeeded rollout leaves no workdir; a failed one is kept for debugging."""
+    build, run = source
+    harness_source = build()
+    ok = await harness_source.attempt(await _task(run), "train", 0, 0, 0)
+    failed = await harness_source.attempt(await _task(run, exit_code=4), "train", 0, 0, 1)
+    rollouts = harness_source.workdir / "rollouts"
+    assert ok.failure_kind == "" and not (rollouts / ok.rollout_id).exists()
+    assert failed.failure_kind == "policy" and (rollouts / failed.rollout_id / "task.json").is_file()
+
+
 async def _task(run, **fields):
     from asgiref.sync import sync_to_async
 

@@ -121,8 +121,10 @@ def snoop_run(alice, tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_harness_finds_no_gold_anywhere_while_the_reward_gets_it(snoop_run, tmp_path):
+async def test_a_harness_finds_no_gold_anywhere_while_the_reward_gets_it(snoop_run, tmp_path, monkeypatch):
     run, task = snoop_run
+    # Its workdir would go once the rollout is recorded (runs.disk): kept here to read what the harness found.
+    monkeypatch.setattr("runs.disk.reclaim_workdir", lambda workdir, failed: None)
     source = HarnessSource(run, config=None, server=Endpoint(), workdir=tmp_path / "run", train_ids=[task.pk])
 
     result = await source.attempt(task, "train", 0, 0, 0)
