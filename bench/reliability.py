@@ -5,7 +5,7 @@ output in a log folder, reads their `RESULT` lines (and pytest's JUnit XML for t
 table RELIABILITY.md holds, then one last line:
 
     RESULT api_5xx=<n> api_cases=<n> faults_passed=<k>/<m> lost_records=<n> load_recorded_equals_sent=<bool>
-           isolation_escapes=<n> cross_run_key_escapes=<n>
+           isolation_escapes=<n> cross_run_key_escapes=<n> disk_left_by_succeeded_rollouts_mb=<x>
 
 Database and Redis come from the environment as for any test run (DATABASE_URL, REDIS_URL,
 LIGHTNING_TEST_REDIS_DB). The fault tests and the proxy benchmarks start vLLM, Celery workers and servers of
@@ -92,6 +92,7 @@ def main() -> None:
     parts = [
         Part("api_fuzz", [python, "bench/api_fuzz.py", "--examples", "25" if args.quick else "100"]),
         Part("isolation", [python, "bench/isolation_attacks.py"]),
+        Part("disk", [python, "bench/disk_reclaim.py"]),
         Part("faults", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *FAULT_TESTS]),
         Part("load", [python, "bench/proxy_load.py"] + (["--harnesses", "16", "--calls", "40"] if args.quick else [])),
         Part("proxy_attack", [python, "bench/proxy_attack.py"] + (["--rounds", "1"] if args.quick else [])),
@@ -130,7 +131,9 @@ def main() -> None:
     print(f"RESULT api_5xx={api.get('api_5xx', 'none')} api_cases={api.get('api_cases', 0)} "
           f"faults_passed={passed}/{len(cases)} lost_records={lost} load_recorded_equals_sent={equal} "
           f"isolation_escapes={isolation.get('isolation_escapes', 'none')} "
-          f"cross_run_key_escapes={isolation.get('cross_run_key_escapes', 'none')}")
+          f"cross_run_key_escapes={isolation.get('cross_run_key_escapes', 'none')} "
+          f"disk_left_by_succeeded_rollouts_mb="
+          f"{by_name.get('disk', none).figures.get('disk_left_by_succeeded_rollouts_mb', 'none')}")
     failed = [part.name for part in parts if part.exit_code != 0]
     sys.exit(1 if failed else 0)
 

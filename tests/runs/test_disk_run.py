@@ -1,10 +1,12 @@
 """Disk in a whole run on the CPU (vLLM, harness subprocesses, checkpoints; issue 26.2): 3 steps leave no workdir of
 a succeeded rollout, and deleting the run leaves no folder of it."""
+import json
+import os
 from pathlib import Path
 
 from django.conf import settings
 
-from runs import services
+from runs import disk, services
 from runs.models import Rollout
 from runs.tasks import execute_run
 from tests.runs.test_orchestrator import pytestmark, run_of, tiny_model  # noqa: F401 (marks and fixtures)
@@ -21,7 +23,15 @@ def test_three_steps_leave_no_succeeded_workdir_and_deleting_the_run_leaves_no_f
     left = {p.name for p in (folder / "rollouts").iterdir()} if (folder / "rollouts").exists() else set()
     assert left <= failed and not left & succeeded
     assert (folder / "checkpoints").is_dir()  # what the run needs stays
+    left_by_succeeded = sum(disk.size_of(folder / "rollouts" / name) for name in left & succeeded)
+    held = disk.size_of(folder)
 
     run.refresh_from_db()
     services.delete_run(run, alice)
     assert not folder.exists()
+    figures = os.environ.get("LIGHTNING_BENCH_FIGURES")  # bench/disk_reclaim.py reads them
+    if figures:
+        Path(figures).write_text(json.dumps({
+            "disk_left_by_succeeded_rollouts_mb": left_by_succeeded / 2**20, "succeeded_rollouts": len(succeeded),
+            "failed_workdirs_kept": len(left), "run_folder_mb": held / 2**20,
+            "left_after_delete_mb": disk.size_of(folder) / 2**20 if folder.exists() else 0.0}))
