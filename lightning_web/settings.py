@@ -257,6 +257,11 @@ LIGHTNING_ENGINE_CACHE_DIR = DATA_DIR / "engine-cache"  # compile caches and ser
 LIGHTNING_BWRAP = env_str("LIGHTNING_BWRAP", "")
 LIGHTNING_UNSAFE_LOCAL_EXEC = env_bool("LIGHTNING_UNSAFE_LOCAL_EXEC", False)
 LIGHTNING_HARNESS_DISK_MB = env_int("LIGHTNING_HARNESS_DISK_MB", 4096, minimum=16)
+# Memory of one harness sandbox (every process of it): a memory cgroup where one is writable (the kernel kills the
+# sandbox past it), RLIMIT_AS otherwise. Node-based agents (Codex, Claude Code, OpenCode) need about 1 GB.
+LIGHTNING_HARNESS_MEMORY_MB = env_int("LIGHTNING_HARNESS_MEMORY_MB", 4096, minimum=64)
+# Harness processes one worker runs at once (its run's training and evaluation attempts together); more wait.
+LIGHTNING_WORKER_MAX_HARNESSES = env_int("LIGHTNING_WORKER_MAX_HARNESSES", 64, minimum=1)
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
 LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)

@@ -35,6 +35,10 @@ class HarnessSource:
         self.train_ids, self.executor = train_ids, for_harness(run.harness_snapshot)
         self.finished: asyncio.Queue = asyncio.Queue()
         self.running: dict[int, list[asyncio.Task]] = {}
+        # At most this many harness processes of the worker's run at once (training and evaluation attempts alike):
+        # an attempt waits for a slot before its rollout starts.
+        self.slots = asyncio.Semaphore(settings.LIGHTNING_WORKER_MAX_HARNESSES)
+        self.harnesses_running = self.harnesses_peak = 0
         self.policy_version = 0
         self.scoring = BusyTime()  # train rollouts' reward scoring, for the step's time/score
         self.stop_reason = ""  # set when the engine died: attempts cancelled from then on fail (infra) with it
@@ -76,7 +80,18 @@ class HarnessSource:
                       greedy: bool = False) -> scheduler.RolloutResult:
         """One harness run: a rollout row and key, the subprocess, the reward, the recorded calls.
 
-        `greedy`: an evaluation attempt the proxy serves at temperature 0."""
+        `greedy`: an evaluation attempt the proxy serves at temperature 0. It waits for one of the worker's
+        LIGHTNING_WORKER_MAX_HARNESSES slots first."""
+        async with self.slots:
+            self.harnesses_running += 1
+            self.harnesses_peak = max(self.harnesses_peak, self.harnesses_running)
+            try:
+                return await self._slotted(task, split, version, group, attempt, greedy)
+            finally:
+                self.harnesses_running -= 1
+
+    async def _slotted(self, task: Task, split: str, version: int, group: int, attempt: int,
+                       greedy: bool) -> scheduler.RolloutResult:
         rollout, secret = await db(rollout_services.create_rollout)(
             self.run, task=task, split=split, step=version, group=group, attempt=attempt, greedy=greedy,
             policy_version=version)  # self.run is as the worker loaded it: its own version is the start's

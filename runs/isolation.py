@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -83,7 +84,10 @@ class Isolation:
             return UNSAFE
         pids = (f"pids<={HARNESS_PIDS} (cgroup)" if pids_root() else
                 f"pids<={HARNESS_PIDS} (RLIMIT_NPROC)" if os.getuid() else "pids unlimited (no writable cgroup)")
-        return (f"{self.version}: harnesses reach only the proxy, reward scripts no network; {pids}; "
+        memory = (f"harness memory<={settings.LIGHTNING_HARNESS_MEMORY_MB} MB "
+                  f"({'cgroup' if memory_root() else 'RLIMIT_AS'}), reward script memory<="
+                  f"{settings.LIGHTNING_REWARD_MEMORY_MB} MB (RLIMIT_AS)")
+        return (f"{self.version}: harnesses reach only the proxy, reward scripts no network; {pids}; {memory}; "
                 f"workdir disk<={settings.LIGHTNING_HARNESS_DISK_MB} MB; data dir, source tree, home and "
                 "database/Redis sockets hidden")
 
@@ -264,54 +268,106 @@ def _remove_stale(root: Path) -> None:
                 path.rmdir()  # fails while a task is still inside: then it is not stale
 
 
-class PidsLimit:
-    """A cgroup of its own for one sandbox, capped at `limit` tasks; `wrap(argv)` moves the process in before
-    bwrap starts; `close()` kills whatever is left in it and removes it. A no-op where no cgroup is writable."""
+@functools.lru_cache(maxsize=1)
+def memory_root() -> tuple[Path, str] | None:
+    """(a writable cgroup to make per-sandbox memory groups in, its limit file): cgroup v1's memory hierarchy, or
+    v2 with the memory controller; None where there is none (harnesses then get RLIMIT_AS)."""
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    candidates = [(v1, "memory.limit_in_bytes")]
+    try:
+        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+            candidates.append((v2, "memory.max"))
+    except OSError:
+        pass
+    for root, limit_file in candidates:
+        probe_dir = root / f"lightning-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            probe_dir.mkdir()
+            probe_dir.rmdir()
+        except OSError:
+            continue
+        _remove_stale(root)
+        return root, limit_file
+    return None
 
-    def __init__(self, limit: int):
-        self.path: Path | None = None
+
+class PidsLimit:
+    """Cgroups of its own for one sandbox: capped at `limit` tasks and, with `memory_mb` where a memory cgroup is
+    writable, at that much memory (the kernel kills the sandbox's processes past it); `wrap(argv)` moves the process
+    in before bwrap starts; `close()` kills whatever is left in them and removes them. A no-op where no cgroup is
+    writable."""
+
+    def __init__(self, limit: int, memory_mb: int | None = None):
+        self.paths: list[Path] = []
+        self.memory_limited = False
+        name = f"lightning-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         root = pids_root()
-        if root is None:
-            return
-        path = root / f"lightning-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        if root is not None:
+            self._make(root / name, "pids.max", str(limit))
+        memory = memory_root() if memory_mb else None
+        if memory is not None:
+            path = memory[0] / name
+            if path in self.paths:  # v2: one group holds both limits
+                self.memory_limited = self._limit(path, memory[1], str(memory_mb << 20))
+            else:
+                self.memory_limited = self._make(path, memory[1], str(memory_mb << 20))
+
+    def _make(self, path: Path, limit_file: str, value: str) -> bool:
         try:
             path.mkdir()
-            (path / "pids.max").write_text(str(limit))
         except OSError:
+            return False
+        if not self._limit(path, limit_file, value):
             with contextlib.suppress(OSError):
                 path.rmdir()
-            return
-        self.path = path
+            return False
+        self.paths.append(path)
+        return True
+
+    @staticmethod
+    def _limit(path: Path, limit_file: str, value: str) -> bool:
+        try:
+            (path / limit_file).write_text(value)
+        except OSError:
+            return False
+        return True
+
+    @property
+    def path(self) -> Path | None:
+        return self.paths[0] if self.paths else None
 
     def wrap(self, argv: list[str]) -> list[str]:
-        if self.path is None:
+        if not self.paths:
             return argv
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *argv]
+        moves = " && ".join(f"echo $$ > {shlex.quote(str(path / 'cgroup.procs'))}" for path in self.paths)
+        return ["/bin/sh", "-c", f'{moves} && exec "$@"', "sh", *argv]
 
     def members(self) -> list[int]:
-        if self.path is None:
-            return []
-        try:
-            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
-        except (OSError, ValueError):
-            return []
+        found: set[int] = set()
+        for path in self.paths:
+            try:
+                found.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return sorted(found)
 
     def close(self) -> None:
-        if self.path is None:
-            return
         deadline = time.monotonic() + 5
-        while True:
+        while self.paths:
             for pid in self.members():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            try:
-                self.path.rmdir()
-                break
-            except OSError:
+            for path in list(self.paths):
+                try:
+                    path.rmdir()
+                    self.paths.remove(path)
+                except OSError:
+                    pass
+            if self.paths:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.02)
-        self.path = None
+        self.paths = []
 
 
 def nproc_limit(limit: int) -> int:
@@ -395,12 +451,15 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
         relay = _Relay(target) if target else None
         if relay is not None:
             await relay.start(socket_path)
-        pids = PidsLimit(HARNESS_PIDS)
+        memory_mb = settings.LIGHTNING_HARNESS_MEMORY_MB
+        pids = PidsLimit(HARNESS_PIDS, memory_mb=memory_mb)
         try:
+            # Where no memory cgroup caps the sandbox, the address space does (a looser bound: it counts mappings).
+            address_space = 0 if pids.memory_limited else memory_mb << 20
             inside = [interpreter(), "-I", "-B", code_inside(LAUNCHER),
                       "--listen", f"{target[0]}:{target[1]}" if target else "",
                       "--socket", SOCKET_INSIDE if target else "", "--fsize", str(disk_bytes),
-                      "--nproc", str(nproc_limit(HARNESS_PIDS)), "--", *argv]
+                      "--nproc", str(nproc_limit(HARNESS_PIDS)), "--as", str(address_space), "--", *argv]
             binds = ["--bind", str(socket_path), SOCKET_INSIDE] if relay is not None else []
             binds += code_binds(LAUNCHER)
             sandbox = _base(iso, entries, HARNESS_TMP_BYTES, aliases=True)

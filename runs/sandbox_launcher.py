@@ -5,8 +5,9 @@ inside bubblewrap, where the network namespace holds nothing but loopback. It li
 127.0.0.1:<port> (so the harness's base URL stays what the proxy gave it) and forwards each connection to the
 unix socket the worker bound into the sandbox, which leads to the proxy and nowhere else.
 
-argv: --listen HOST:PORT --socket PATH --fsize BYTES --nproc N -- harness argv...
-(--listen and --socket may be empty: no relay; --nproc 0: no process-count limit.)
+argv: --listen HOST:PORT --socket PATH --fsize BYTES --nproc N [--as BYTES] -- harness argv...
+(--listen and --socket may be empty: no relay; --nproc 0: no process-count limit; --as: the address-space limit
+where no memory cgroup caps the sandbox, 0 or absent: none.)
 Exit status: the harness's own, 128 + N when a signal N ended it.
 """
 import os
@@ -71,6 +72,9 @@ def main(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if nproc > 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    address_space = int(opts.get("--as") or 0)
+    if address_space > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     listener = _listen(opts["--listen"]) if opts.get("--listen") and opts.get("--socket") else None
     pid = os.fork()  # before any thread starts
     if pid == 0:

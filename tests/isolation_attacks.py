@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.test.utils import override_settings
 
 from common.procs import pids_matching
 from runs.executor import Attempt, LocalExecutor, Outcome
@@ -33,6 +34,8 @@ from runs.sandbox import Limits, ScoreResult, score
 REWARD_LIMITS = Limits(timeout_s=4, memory_mb=256, output_bytes=8192)
 HARNESS_TIMEOUT_S = 4.0
 HARNESS_DISK_MB = 32
+ATTACK_HARNESS_MEMORY_MB = 512
+"""The harnesses' memory limit while attacked (LIGHTNING_HARNESS_MEMORY_MB): the memory bomb need not fill 4 GB."""
 
 
 def tmp_mount_points() -> list[str]:
@@ -125,6 +128,19 @@ def attack(ctx):
     return f"forked {made} processes"
 '''
 
+MEMORY_BOMB = '''
+def attack(ctx):
+    held, chunk = [], 64 << 20
+    try:
+        while len(held) * 64 < ctx["memory_mb"] + 512:  # past the sandbox's limit
+            block = bytearray(chunk)
+            block[::4096] = b"x" * (chunk // 4096)  # touch every page: the memory is really used
+            held.append(block)
+    except MemoryError:
+        return None
+    return f"held {len(held) * 64} MB"
+'''
+
 FILL_DISK = '''
 def attack(ctx):
     import os, time
@@ -205,6 +221,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("unmount what hides the app / make a user namespace", UNMOUNT),
     Attack("write outside the workdir", WRITE, after=_written_outside),
     Attack("fork-bomb", FORK_BOMB, after=_left_running),
+    Attack("exhaust memory (a memory bomb)", MEMORY_BOMB),
     Attack("fill the disk with many files", FILL_DISK, endless=True),
     Attack("fill the disk with one file", BIG_FILE),
     Attack("keep a child running after the timeout", LINGER, endless=True, after=_left_running),
@@ -285,7 +302,8 @@ def targets(tmp: Path) -> Iterator[dict[str, Any]]:
                Path.home() / f"isolation-pwned-{tag}", tmp / f"isolation-pwned-{tag}",
                Path("/tmp") / f"isolation-pwned-{tag}"]
     try:
-        with http_server() as web, http_server() as proxy:
+        with override_settings(LIGHTNING_HARNESS_MEMORY_MB=ATTACK_HARNESS_MEMORY_MB), http_server() as web, \
+                http_server() as proxy:
             ctx = {
                 "secret_key": [str(data / "secret_key")], "admin_password": [str(data / "admin_password")],
                 "sqlite": [str(data / "db.sqlite3")], "planted": [str(planted)], "other_rollout": [str(other)],
@@ -297,6 +315,8 @@ def targets(tmp: Path) -> Iterator[dict[str, Any]]:
                 "sockets": sorted(set(sockets)), "outside": [str(p) for p in outside],
                 "hidden_dirs": [str(data), str(settings.BASE_DIR), str(Path.home())],
                 "marker": f"isolation-linger-{tag}",
+                # The larger of the two sandboxes' memory limits: the bomb goes past both.
+                "memory_mb": max(ATTACK_HARNESS_MEMORY_MB, REWARD_LIMITS.memory_mb),
                 "workdir": str(workdir), "proxy_url": f"http://127.0.0.1:{proxy}/rollouts/1/v1",
             }
             yield ctx

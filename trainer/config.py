@@ -179,7 +179,23 @@ class TrainerConfig:
         return self.on_host(detect())[0]
 
 
+SIZE_LIMITS: dict[str, float] = {
+    "steps": 100_000, "tasks_per_step": 4096, "group_size": 256, "updates_per_step": 1024,
+    "micro_batch_tokens": 1_048_576, "eval_samples": 64, "eval_concurrency": 1024, "world_size": 64,
+    "engine_replicas": 64, "loss_norm_tokens": 10_000_000, "max_staleness": 64, "groups_in_flight": 65_536,
+    "checkpoint_every": 100_000, "eval_every": 100_000, "eval_tasks": 100_000, "max_model_len": 1_048_576,
+    "kv_cache_gb": 4096.0, "max_train_memory_gb": 4096.0, "dynamic_sampling_max_extra": 64.0,
+}
+"""The most each size field may be: far past any machine this runs on, so that a typo (an extra zero, a number
+pasted in the wrong field) is refused with its field named instead of launching thousands of harnesses or
+reserving terabytes."""
+
+
 def _check_sizes(c: TrainerConfig) -> None:
+    for name, most in SIZE_LIMITS.items():
+        if getattr(c, name) > most:
+            raise ConfigError(f"{name} must be at most {most:g}, got {getattr(c, name):g}; a limit against "
+                              "typos (trainer.config.SIZE_LIMITS)")
     for name in ("steps", "tasks_per_step", "group_size", "updates_per_step", "micro_batch_tokens", "eval_samples",
                  "eval_concurrency", "world_size",
                  "engine_replicas"):

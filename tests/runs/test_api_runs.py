@@ -33,6 +33,8 @@ def test_it_creates_and_enqueues_a_run(alice_api, alice, parts, django_capture_o
     ({"mode": "fast"}, "mode must be"),
     ({"learning_rate": "high"}, "learning_rate must be float"),
     ({"bogus": 1}, "unknown config field(s) ['bogus']"),
+    ({"tasks_per_step": 100000}, "tasks_per_step must be at most 4096, got 100000"),
+    ({"eval_concurrency": 5000}, "eval_concurrency must be at most 1024"),
     ([1, 2], "must be an object of TrainerConfig fields"),
 ])
 def test_it_refuses_a_bad_config(alice_api, parts, config, message):

@@ -284,6 +284,20 @@ async def test_a_clean_attempt_is_no_failure(source):
     assert "script_reward" not in row.reward_detail and row.reward in (0.0, 1.0)
 
 
+async def test_a_worker_runs_at_most_its_cap_of_harnesses_at_once(source, settings):
+    """Issue 26.6: LIGHTNING_WORKER_MAX_HARNESSES bounds the harness processes of a worker; the others wait, then
+    run, and every attempt ends as it would have."""
+    import asyncio
+
+    build, run = source
+    settings.LIGHTNING_WORKER_MAX_HARNESSES = 2
+    harness_source = build()
+    task = await _task(run, turns=2, pause_s=0.3)
+    results = await asyncio.gather(*(harness_source.attempt(task, "train", 0, 0, i) for i in range(5)))
+    assert [r.failure_kind for r in results] == [""] * 5 and all(len(r.calls) == 2 for r in results)
+    assert harness_source.harnesses_peak == 2 and harness_source.harnesses_running == 0
+
+
 async def test_a_recorded_rollouts_workdir_goes_but_a_failed_ones_stays(source):
     """Issue 26.2: once recorded, a succeeded rollout leaves no workdir; a failed one is kept for debugging."""
     build, run = source

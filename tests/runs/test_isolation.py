@@ -172,3 +172,17 @@ def test_the_cross_run_key_attacks_of_the_isolation_bench_all_stop():
     attacks = [line for line in lines if "cross-run key" in line]
     assert len(attacks) == 16 and all("stopped (404)" in line for line in attacks[:8])
     assert all("stopped (401)" in line for line in attacks[8:])
+
+
+def test_without_a_memory_cgroup_a_harness_is_held_by_its_address_space(targets, monkeypatch):
+    """Issue 26.6: where no memory cgroup is writable, RLIMIT_AS bounds the harness (a looser bound, and what the
+    run's isolation line then says)."""
+    from runs import isolation
+    from tests.isolation_attacks import ATTACKS, run_harness
+
+    ctx, tmp = targets
+    monkeypatch.setattr(isolation, "memory_root", lambda: None)
+    bomb = next(a for a in ATTACKS if a.name.startswith("exhaust memory"))
+    verdict = run_harness(bomb, ctx, tmp)
+    assert verdict.escaped is None, verdict
+    assert "harness memory<=512 MB (RLIMIT_AS)" in isolation.current().describe()

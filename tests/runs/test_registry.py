@@ -97,6 +97,8 @@ def test_the_new_run_form_launches_a_run(client, alice, parts):
 @pytest.mark.parametrize("config, message", [
     ({"steps": 0}, "steps must be at least 1"),
     ({"steps": "many"}, "Enter a whole number."),
+    ({"group_size": 10000}, "group_size must be at most 256, got 10000"),  # issue 26.6: sizes are bounded
+    ({"kv_cache_gb": 100000}, "kv_cache_gb must be at most 4096"),
 ])
 def test_the_new_run_form_explains_bad_configs(client, alice, parts, config, message):
     client.force_login(alice)

@@ -62,3 +62,20 @@ def test_it_rejects_impossible_configs_naming_the_fix(data, fix):
 
 def test_it_accepts_dr_grpo_with_single_attempts():
     assert TrainerConfig.from_dict({"group_size": 1, "advantage": "dr_grpo"}).group_size == 1
+
+
+def test_every_size_field_has_an_upper_bound_that_names_it():
+    """Issue 26.6: a size past its limit is refused naming the field; the limit itself is allowed."""
+    import dataclasses
+
+    from trainer.config import SIZE_LIMITS, ConfigError, TrainerConfig
+
+    sized = {f.name for f in dataclasses.fields(TrainerConfig) if f.type in ("int", "float", int, float)}
+    unbounded = sized - set(SIZE_LIMITS) - {"learning_rate", "temperature", "top_p", "top_k", "failure_reward",
+                                            "seed", "adv_eps", "clip_low", "clip_high", "tis_cap", "kl_coef",
+                                            "max_grad_norm", "weight_decay", "pass_threshold"}
+    assert unbounded == set(), f"size fields without an upper bound: {unbounded}"
+    for name, most in SIZE_LIMITS.items():
+        value = int(most) + 1 if isinstance(getattr(TrainerConfig(), name), int) else most * 2
+        with pytest.raises(ConfigError, match=f"^{name} must be at most"):
+            TrainerConfig.from_dict({name: value})
