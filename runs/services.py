@@ -157,9 +157,6 @@ def _delete_unused(obj, user, label: str) -> None:
     logger.info("%s %s deleted by %s", label, pk, user)
 
 
-def try_reward_script(script: RewardScript, task: Any, outcome: Any) -> ScoreResult:
-    return score_reward(script.source, task, outcome, timeout_s=script.timeout_s)
-
 
 def score_reward(source: str, task: Any, outcome: Any, timeout_s: float) -> ScoreResult:
     limits = Limits(timeout_s=min(timeout_s, settings.LIGHTNING_REWARD_TIMEOUT_S * 6),

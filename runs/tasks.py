@@ -10,10 +10,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
-# check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check, worker_control
-# so they answer the host_profile inspect command
+# check_tasks and reward_tests are imported so the workers (which load `tasks` modules only) know
+# run_harness_check and run_reward_test, worker_control so they answer the host_profile inspect command
 from runs import (check_tasks, durability, model_imports, orchestrator, pools, reconnect,  # noqa: F401
-                  rollout_services, services, worker_control)
+                  reward_tests, rollout_services, services, worker_control)
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from lightning_web import login_limits
-from runs import check_services, registry, selectors, services, signal, worker_status
+from runs import check_services, registry, reward_tests, selectors, services, signal, worker_status
 from runs.api import serializers as s
 from runs.api.permissions import IsOwnerOrStaff
 from runs.api.renderers import JSONLinesRenderer
@@ -87,12 +87,21 @@ class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     @extend_schema(request=s.RewardTestSerializer, responses=s.RewardTestResultSerializer)
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
-        """Score a task and an outcome in the reward sandbox; a failing script answers ok=false with the error."""
+        """Score a task and an outcome in the reward sandbox, on the control worker (the API server runs no user
+        code), and answer once scored; a failing script answers ok=false with the error; 503 when no worker scored
+        it within the script's timeout plus 30 s."""
         script = self.get_object()
+        services.check_owner(request.user, script)
         body = s.RewardTestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        result = services.try_reward_script(script, body.validated_data["task"], body.validated_data["outcome"])
-        return Response(result.as_dict())
+        try:
+            result = reward_tests.score_on_worker(request.user, {
+                "source": script.source, "timeout_s": script.timeout_s, "task": body.validated_data["task"],
+                "task_label": "the API's", "outcome": body.validated_data["outcome"]})
+        except reward_tests.NoWorker as exc:
+            return Response({"error": {"code": "no_worker", "message": str(exc)}},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response(result)
 
 
 class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -9,10 +10,10 @@ from django.core.paginator import Paginator
 from django.db.models import Count
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from runs import selectors, services
+from runs import reward_tests, selectors, services
 from runs.models import Dataset, RewardScript, Run, Task
 from runs.pages.resource_forms import STARTER_SOURCE, RewardForm, RewardTestForm, error_line
 
@@ -72,11 +73,12 @@ def reward_delete(request, script_id: int):
 @login_required
 @require_POST
 def reward_test(request):
-    """Score the source in the editor (saved or not) on a task and a typed outcome, as a run would score it.
+    """Queue a test of the source in the editor (saved or not) on a task and a typed outcome, scored on a worker as
+    a run would score it (runs.reward_tests: the web process runs no user code).
 
     JSON in: source, timeout_s, task_source ("dataset" with dataset and task, or "json" with task_json), outcome.
-    JSON out: the sandbox's result (ok, reward, detail, output, error, kind), the error's line in the source, and
-    the task and outcome reward() received; 400 with per-field errors when the request itself is wrong.
+    JSON out: 202 {"test", "status": "queued", "url"}: GET `url` for the result (reward_test_result); 400 with
+    per-field errors when the request itself is wrong.
     """
     try:
         body = json.loads(request.body or b"{}")
@@ -87,10 +89,28 @@ def reward_test(request):
         errors = {name: [e["message"] for e in found] for name, found in form.errors.get_json_data().items()}
         return JsonResponse({"errors": errors}, status=400)
     data = form.cleaned_data
-    result = services.score_reward(data["source"], data["task_data"], data["outcome_data"],
-                                   timeout_s=data["timeout_s"])
-    return JsonResponse({**result.as_dict(), "line": error_line(result.error), "task": data["task_data"],
-                         "task_label": data["task_label"], "outcome": data["outcome_data"]})
+    test_id = reward_tests.queue_test(request.user, {
+        "source": data["source"], "timeout_s": data["timeout_s"], "task": data["task_data"],
+        "task_label": data["task_label"], "outcome": data["outcome_data"]})
+    return JsonResponse({"test": test_id, "status": "queued",
+                         "url": reverse("reward-test-result", args=[test_id])}, status=202)
+
+
+@login_required
+@require_GET
+def reward_test_result(request, test_id: str):
+    """A queued test: 202 {"status": "queued" | "running", "waited_s"} until a worker scored it, then 200 with the
+    sandbox's result (ok, reward, detail, output, error, kind), the error's line in the source, and the task and
+    outcome reward() received; 404 for a test that is not the user's or has expired."""
+    entry = reward_tests.read_test(request.user, test_id)
+    if entry is None:
+        return JsonResponse({"error": "no such test (tests are kept 15 minutes)"}, status=404)
+    if entry["status"] != "done":
+        return JsonResponse({"test": test_id, "status": entry["status"],
+                             "waited_s": round(time.time() - entry["queued_at"], 1)}, status=202)
+    result, asked = entry["result"], entry["request"]
+    return JsonResponse({**result, "line": error_line(result["error"]), "task": asked["task"],
+                         "task_label": asked["task_label"], "outcome": asked["outcome"]})
 
 
 @login_required
@@ -130,6 +150,7 @@ urlpatterns = [
     path("reward-scripts/", reward_list, name="reward-list"),
     path("reward-scripts/new/", reward_new, name="reward-new"),
     path("reward-scripts/test/", reward_test, name="reward-test"),
+    path("reward-scripts/test/<str:test_id>/", reward_test_result, name="reward-test-result"),
     path("reward-scripts/tasks/", reward_tasks, name="reward-tasks"),
     path("reward-scripts/<int:script_id>/", reward_detail, name="reward-detail"),
     path("reward-scripts/<int:script_id>/delete/", reward_delete, name="reward-delete"),

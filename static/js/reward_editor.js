@@ -143,7 +143,9 @@ async function runTest() {
       credentials: "same-origin",
     });
     const answer = await response.json().catch(() => ({ errors: { __all__: [`the server answered ${response.status}`] } }));
-    if (response.ok) {
+    if (response.status === 202) {
+      await awaitResult(answer.url);  // a worker scores it (the web server runs no user code)
+    } else if (response.ok) {
       showResult(answer);
     } else {
       show($("test-result"), false);
@@ -154,6 +156,29 @@ async function runTest() {
   } finally {
     button.disabled = false;
     show($("test-busy"), false);
+    $("test-busy").textContent = "scoring…";
+  }
+}
+
+const POLL_MS = 400;
+
+async function awaitResult(url) {
+  const busy = $("test-busy");
+  for (;;) {
+    const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    const answer = await response.json().catch(() => ({}));
+    if (response.status === 200) {
+      showResult(answer);
+      return;
+    }
+    if (response.status !== 202) {
+      show($("test-result"), false);
+      showRequestErrors({ __all__: [answer.error || `the server answered ${response.status}`] });
+      return;
+    }
+    busy.textContent = answer.status === "running" ? "scoring on a worker…"
+      : `queued for a worker (${answer.waited_s} s; the control worker of ./lw up scores tests)`;
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
 }
 

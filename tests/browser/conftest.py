@@ -55,6 +55,19 @@ def live_url(transactional_db, models_dir, tmp_path):
     log.close()
 
 
+@pytest.fixture
+def control_worker(live_url, tmp_path, test_redis):
+    """The control worker `./lw up` starts (a real Celery worker on the `default` queue): it scores the reward
+    test panel's tests, which the web server only queues."""
+    from tests.workers import Workers
+
+    (tmp_path / "control-worker").mkdir()
+    pool = Workers(tmp_path / "control-worker")
+    pool.start("control", "default")
+    yield pool
+    pool.stop()
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Module-scoped: Playwright's sync API holds an event loop in this thread until it stops."""

@@ -98,7 +98,8 @@ def test_create_and_edit_a_harness_with_the_argv_list_editor(page, live_url, ali
     assert console == [] and page.outside == []
 
 
-def test_write_a_reward_script_in_the_editor_and_test_it(page, live_url, alice, make_dataset, console):  # noqa: F811
+def test_write_a_reward_script_in_the_editor_and_test_it(page, live_url, alice, make_dataset, console,  # noqa: F811
+                                                        control_worker):
     dataset = make_dataset(alice, name="arith")  # tasks t0..t4, answer i + 1
     login(page, live_url)
     page.goto(live_url + "/reward-scripts/")

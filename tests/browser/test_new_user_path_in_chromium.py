@@ -80,6 +80,7 @@ def test_a_new_user_does_everything_in_the_browser(page, live_url, alice, tiny_r
     page.on("console", lambda m: errors.append(f"{m.location.get('url')}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     (tmp_path / "agent.py").write_text(AGENT)
+    workers.start("control", "default")  # as ./lw up: it scores the reward test panel's tests
     login(page, live_url)
     shot(page, "runs-empty")
 

@@ -2,9 +2,17 @@
 import pytest
 
 from runs.models import RewardScript
+from tests.workers import workers  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/reward-scripts/"
+
+
+@pytest.fixture
+def control_worker(workers):  # noqa: F811 (tests.workers' fixture, imported below)
+    """The control worker `./lw up` starts (queue `default`): it scores the API's reward tests (issue 26.9)."""
+    workers.start("control", "default")
+    return workers
 SOURCE = "def reward(task, outcome):\n    return {'reward': float(outcome['answer'] == task['answer']), 'seen': outcome['answer']}\n"
 
 
@@ -25,7 +33,7 @@ def test_it_rejects_scripts_that_cannot_work(alice_api, source, message):
     assert RewardScript.objects.count() == 0
 
 
-def test_the_test_action_scores_in_the_sandbox(alice_api, alice, make_reward):
+def test_the_test_action_scores_in_the_sandbox(alice_api, alice, make_reward, control_worker):
     script = make_reward(alice, source=SOURCE)
     response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 4}}, format="json")
     assert response.status_code == 200
@@ -35,7 +43,7 @@ def test_the_test_action_scores_in_the_sandbox(alice_api, alice, make_reward):
     assert response.json()["reward"] == 0.0
 
 
-def test_the_test_action_returns_a_readable_error(alice_api, alice, make_reward):
+def test_the_test_action_returns_a_readable_error(alice_api, alice, make_reward, control_worker):
     script = make_reward(alice, source=SOURCE)
     response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {}}, format="json")
     assert response.status_code == 200
@@ -44,7 +52,7 @@ def test_the_test_action_returns_a_readable_error(alice_api, alice, make_reward)
     assert body["error"] == "KeyError: 'answer' (line 2)"
 
 
-def test_the_test_action_reports_a_timeout(alice_api, alice, make_reward):
+def test_the_test_action_reports_a_timeout(alice_api, alice, make_reward, control_worker):
     script = make_reward(alice, source="def reward(task, outcome):\n    while True:\n        pass\n", timeout_s=1)
     body = alice_api.post(f"{URL}{script.pk}/test/", {"task": {}, "outcome": {}}, format="json").json()
     assert body["ok"] is False and body["kind"] == "timeout" and "timed out after 1 s" in body["error"]
@@ -54,6 +62,20 @@ def test_the_test_action_needs_task_and_outcome(alice_api, alice, make_reward):
     script = make_reward(alice)
     response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {}}, format="json")
     assert response.status_code == 400 and "outcome" in response.json()["error"]["fields"]
+
+
+def test_without_a_worker_the_test_action_says_so_and_runs_nothing_here(alice_api, alice, make_reward, settings,
+                                                                        monkeypatch, test_redis):
+    from runs import reward_tests, services
+
+    monkeypatch.setattr(reward_tests, "WAIT_MARGIN_S", 0.5)
+    monkeypatch.setattr(services, "score_reward", lambda *a, **k: pytest.fail("the API process scored user code"))
+    script = make_reward(alice, source=SOURCE, timeout_s=1)
+    response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 4}},
+                              format="json")
+    assert response.status_code == 503 and response.json()["error"]["code"] == "no_worker"
+    assert "the control worker" in response.json()["error"]["message"]
+    assert test_redis.llen("default") == 1  # queued for the worker that is not there
 
 
 def test_others_cannot_test_or_read_a_script(alice, bob_api, make_reward):

@@ -13,6 +13,7 @@ from django.utils.html import escape
 from runs.executor import _read_outcome
 from runs.models import RewardScript
 from runs.pages.resource_forms import outcome_from_text
+from runs.reward_tests import run_reward_test
 
 pytestmark = pytest.mark.django_db
 
@@ -137,14 +138,48 @@ def test_csrf_is_enforced(alice, make_reward, make_dataset):
     client.get("/reward-scripts/new/")  # sets the csrf cookie the page's script sends back as a header
     token = client.cookies["csrftoken"].value
     response = client.post("/reward-scripts/test/", test, content_type="application/json", HTTP_X_CSRFTOKEN=token)
-    assert response.status_code == 200 and response.json()["ok"] is True
+    assert response.status_code == 202 and response.json()["status"] == "queued"
 
 
 # ---------------------------------------------------------------- the test panel's endpoint
 
 
 def score(client, **body):
-    return client.post("/reward-scripts/test/", body, content_type="application/json")
+    """What the panel does: queue the test, (the control worker scores it), then read the result."""
+    queued = client.post("/reward-scripts/test/", body, content_type="application/json")
+    if queued.status_code != 202:
+        return queued
+    assert run_reward_test(queued.json()["test"]) == "done"  # as the control worker runs it
+    return client.get(queued.json()["url"])
+
+
+def test_the_web_process_only_queues_the_test_a_worker_scores_it(client, alice, bob, test_redis, monkeypatch):
+    """Issue 26.9: the web tier runs no user code. The request is queued on the control worker's queue; the result
+    is there once the task ran; another user cannot read it."""
+    from runs import services
+
+    def no_user_code_here(*args, **kwargs):
+        raise AssertionError("the web process scored user code")
+
+    client.force_login(alice)
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "score_reward", no_user_code_here)
+        queued = client.post("/reward-scripts/test/", {"source": SOURCE, "task_source": "json", "outcome": "{}",
+                                                       "task_json": '{"id": "t1", "answer": 2}'},
+                             content_type="application/json")
+        assert queued.status_code == 202 and queued.json()["status"] == "queued"
+        url = queued.json()["url"]
+        waiting = client.get(url)
+        assert waiting.status_code == 202 and waiting.json()["status"] == "queued"
+    assert test_redis.llen("default") == 1  # the message waits in the control worker's queue
+    other = Client()
+    other.force_login(bob)
+    assert other.get(url).status_code == 404
+    assert client.get("/reward-scripts/test/0123abcd/").status_code == 404
+    assert run_reward_test(queued.json()["test"]) == "done"
+    assert run_reward_test(queued.json()["test"]) == "done"  # a redelivered task leaves it as it is
+    body = client.get(url).json()
+    assert body["ok"] is True and body["task"] == {"id": "t1", "answer": 2} and body["kind"] == ""
 
 
 def test_it_scores_a_dataset_task_by_id_or_index_with_its_reward_only_fields(client, alice, make_dataset):
