@@ -240,14 +240,20 @@ def reward_argv(iso: Isolation, python_argv: list[str], runner: Path) -> list[st
 @functools.lru_cache(maxsize=1)
 def pids_root() -> Path | None:
     """A writable cgroup (v1 pids hierarchy, or v2 with the pids controller) to make per-sandbox groups in."""
-    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
-    candidates = [v1]
+    found = _controller_root("pids", "pids.max")
+    return found[0] if found else None
+
+
+def _controller_root(controller: str, v2_limit_file: str, v1_limit_file: str | None = None) -> tuple[Path, str] | None:
+    """(the first writable of cgroup v1's `controller` hierarchy and v2 with that controller, its limit file)."""
+    v2 = Path("/sys/fs/cgroup")
+    candidates = [(v2 / controller, v1_limit_file or v2_limit_file)]
     try:
-        if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
-            candidates.append(v2)
+        if controller in (v2 / "cgroup.subtree_control").read_text().split():
+            candidates.append((v2, v2_limit_file))
     except OSError:
         pass
-    for root in candidates:
+    for root, limit_file in candidates:
         probe_dir = root / f"lightning-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             probe_dir.mkdir()
@@ -255,7 +261,7 @@ def pids_root() -> Path | None:
         except OSError:
             continue
         _remove_stale(root)
-        return root
+        return root, limit_file
     return None
 
 
@@ -272,23 +278,7 @@ def _remove_stale(root: Path) -> None:
 def memory_root() -> tuple[Path, str] | None:
     """(a writable cgroup to make per-sandbox memory groups in, its limit file): cgroup v1's memory hierarchy, or
     v2 with the memory controller; None where there is none (harnesses then get RLIMIT_AS)."""
-    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
-    candidates = [(v1, "memory.limit_in_bytes")]
-    try:
-        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
-            candidates.append((v2, "memory.max"))
-    except OSError:
-        pass
-    for root, limit_file in candidates:
-        probe_dir = root / f"lightning-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            probe_dir.mkdir()
-            probe_dir.rmdir()
-        except OSError:
-            continue
-        _remove_stale(root)
-        return root, limit_file
-    return None
+    return _controller_root("memory", "memory.max", "memory.limit_in_bytes")
 
 
 class PidsLimit:

@@ -101,22 +101,21 @@ def duration_text(seconds: float | None) -> str:
 @login_required
 @require_POST
 def run_cancel(request, run_id: int):
-    run = _owned_run(request, run_id)
-    try:
-        services.cancel_run(run, request.user)
-    except services.ServiceError as exc:
-        run.refresh_from_db()
-        return _render_detail(request, run, str(exc), status=409)
-    return redirect("run-detail", run_id=run.pk)
+    return _act(request, run_id, services.cancel_run)
 
 
 @login_required
 @require_POST
 def run_finish(request, run_id: int):
     """The Finish button: the step in progress becomes the run's last (services.finish_run)."""
+    return _act(request, run_id, services.finish_run)
+
+
+def _act(request, run_id: int, action) -> object:
+    """Apply `action(run, user)` to the user's run: back to its page, or the page with the refusal (409)."""
     run = _owned_run(request, run_id)
     try:
-        services.finish_run(run, request.user)
+        action(run, request.user)
     except services.ServiceError as exc:
         run.refresh_from_db()
         return _render_detail(request, run, str(exc), status=409)
