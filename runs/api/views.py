@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from lightning_web import login_limits
 from runs import check_services, registry, reward_tests, selectors, services, signal, worker_status
 from runs.api import serializers as s
+from runs.api.errors import ErrorSerializer
 from runs.api.permissions import IsOwnerOrStaff
 from runs.api.renderers import JSONLinesRenderer
 from runs.export import export_response
@@ -84,7 +85,7 @@ class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     def perform_destroy(self, instance):
         services.delete_reward_script(instance, self.request.user)  # refused (409) while a run uses it
 
-    @extend_schema(request=s.RewardTestSerializer, responses=s.RewardTestResultSerializer)
+    @extend_schema(request=s.RewardTestSerializer, responses={200: s.RewardTestResultSerializer, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
         """Score a task and an outcome in the reward sandbox, on the control worker (the API server runs no user
@@ -99,7 +100,7 @@ class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
                 "source": script.source, "timeout_s": script.timeout_s, "task": body.validated_data["task"],
                 "task_label": "the API's", "outcome": body.validated_data["outcome"]})
         except reward_tests.NoWorker as exc:
-            return Response({"error": {"code": "no_worker", "message": str(exc)}},
+            return Response({"error": {"status": 503, "code": "no_worker", "message": str(exc)}},
                             status=status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response(result)
 

@@ -4,8 +4,9 @@ Every operation of /api/schema/ gets generated cases; each response must not be 
 schema documents (status code, content type, body). The CI budget is LIGHTNING_FUZZ_EXAMPLES per operation (default
 below); bench/api_fuzz.py runs the full count through this same test and reads the per-operation counts it writes.
 
-Nothing is enqueued: under the `db` fixture the test runs inside one transaction, so the on_commit hooks that queue
-Celery tasks (run create/resume, harness checks) never fire, and no engine or harness starts.
+Nothing is enqueued on commit: under the `db` fixture the test runs inside one transaction, so the on_commit hooks
+that queue Celery tasks (run create/resume, harness checks) never fire, and no engine or harness starts. A reward
+script's `test` queues its scoring at once: a real control worker (as `./lw up` starts it) scores those cases.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
+
+from tests.workers import workers  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -101,7 +104,13 @@ def _fuzz_operation(operation, token: str, ids: dict, failures: list[dict]) -> i
     return calls
 
 
-def test_every_operation_survives_generated_cases(owned, keep_connection):
+@pytest.fixture
+def control_worker(workers):  # noqa: F811 (tests.workers' fixture)
+    workers.start("control", "default")
+    return workers
+
+
+def test_every_operation_survives_generated_cases(owned, keep_connection, control_worker):
     token, ids = owned
     failures: list[dict] = []
     counts: Counter[str] = Counter()
