@@ -314,10 +314,10 @@ class ModelCall(models.Model):
         null=True, blank=True, help_text="Index of the engine replica that answered (None: a run with one engine)")
     retried = models.BooleanField(
         default=False, help_text="The call's first replica died mid-call and another replica answered it")
-    choice = models.PositiveSmallIntegerField(default=0, help_text=(
+    choice = models.PositiveSmallIntegerField(default=0, db_default=0, help_text=(
         "Which choice of a call that asked for n > 1 this record holds (choice k of the call at seq s has seq s + k); "
         "0 for a call of one choice"))
-    constraint = models.CharField(max_length=100, blank=True, help_text=(
+    constraint = models.CharField(max_length=100, blank=True, default="", db_default="", help_text=(
         "What constrained the engine's decoding of this call ('response_format json_schema', 'tool_choice "
         "required', ...; proxy.sampling.constraint_of): its tokens were forced, not sampled, and are not trained"))
     error = models.TextField(blank=True)
