@@ -22,9 +22,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from trainer.engine.folders import MARKER as SERVED_MARKER  # what a served folder was staged from
+
 logger = logging.getLogger(__name__)
 
-SERVED_MARKER = ".served-from.json"  # trainer.engine.folders.MARKER (not imported: that module pulls in torch)
 RUN_FOLDER = re.compile(r"run-(\d+)")
 
 
