@@ -315,7 +315,7 @@ def time_replays(sides: list[Side], repeat: int) -> list[tuple[float, int, float
     from channels.testing import WebsocketCommunicator
 
     from runs import selectors
-    from runs.consumers import RunEventsConsumer
+    from dashboard.consumers import RunEventsConsumer
     from runs.models import Run, RunEvent
 
     batches: list[int] = []

@@ -145,7 +145,7 @@ def main() -> None:
 
     if args.unisolated:
         settings.LIGHTNING_BWRAP, settings.LIGHTNING_UNSAFE_LOCAL_EXEC = "/nonexistent/bwrap", True
-    from runs import isolation
+    from sandbox import isolation
     from tests.isolation_attacks import ATTACKS, run_harness, run_reward, still_works, targets
 
     print(f"isolation: {isolation.current().describe()}")

@@ -177,25 +177,26 @@ def seed_owner(name: str):
     """A user with a harness, a dataset of 1,000 tasks and a reward script, through the services."""
     from django.contrib.auth import get_user_model
 
-    from runs import services
+    from catalog import services as catalog_services
 
     user = get_user_model().objects.create_user(name, password=f"{name}-password-123")
     rng = random.Random(1)
     tasks = [{"id": f"task-{i:04d}", "question": text(rng, 300), "answer": str(rng.randrange(1000)),
               "split": "val" if i % 10 == 0 else "train"} for i in range(1000)]
-    dataset = services.create_dataset(user, name="tasks", content="\n".join(map(json.dumps, tasks)).encode(),
+    dataset = catalog_services.create_dataset(user, name="tasks", content="\n".join(map(json.dumps, tasks)).encode(),
                                       filename="tasks.jsonl", split_field="split")
-    harness = services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}",
+    harness = catalog_services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}",
                                                                    "{output_file}"])
-    reward = services.create_reward_script(user, name="exact", source="def reward(task, outcome):\n"
+    reward = catalog_services.create_reward_script(user, name="exact", source="def reward(task, outcome):\n"
                                            "    return float(outcome.get('answer') == task.get('answer'))\n")
     return user, harness, dataset, reward
 
 
 def seed_run(owner, harness, dataset, reward, shape: Shape, name: str, bodies: Bodies) -> int:
     """A run of `shape` with its rollouts, calls, metrics, events and samples; its id."""
+    from catalog.models import Task
     from runs import services
-    from runs.models import Metric, Rollout, RunEvent, Run, Sample, Task
+    from runs.models import Metric, Rollout, Run, RunEvent, Sample
 
     with mock.patch.object(services, "enqueue_run", lambda run_id: None):  # no worker: the run is seeded
         run = services.create_run(owner, name=name, model="tiny", reward_script=reward, harness=harness,
@@ -350,8 +351,9 @@ def seed_inspector_run(owner, harness, dataset, reward, evaluations: int = 20, t
     big run's sizes (`tasks` val tasks at `evaluations` evaluations, one call each; step 1 of `groups` x
     `group_size` trained rollouts of `calls` calls, with its samples and its phase and metrics events). The big
     run holds the same grid and steps of the same shape among 100,000 calls: a page must not pay for those."""
+    from catalog.models import Task
     from runs import services
-    from runs.models import Metric, ModelCall, Rollout, Run, RunEvent, Sample, Task
+    from runs.models import Metric, ModelCall, Rollout, Run, RunEvent, Sample
 
     with mock.patch.object(services, "enqueue_run", lambda run_id: None):
         run = services.create_run(owner, name="inspector", model="tiny", reward_script=reward, harness=harness,

@@ -107,7 +107,7 @@ class Product:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
-        from runs.management.commands.models import ensure_smollm2
+        from catalog.management.commands.models import ensure_smollm2
 
         call_command("migrate", interactive=False, verbosity=0)
         self.user = get_user_model().objects.create_user("bench", password="bench-password")
@@ -115,7 +115,7 @@ class Product:
         ensure_smollm2(lambda line: print(f"  {line}", flush=True))
 
     def model_folder(self) -> Path:
-        from runs.registry import registered_models
+        from catalog.registry import registered_models
 
         return Path(next(m.path for m in registered_models() if m.name == MODEL))
 
@@ -131,8 +131,9 @@ class Product:
 
     def run(self, config: dict) -> tuple[int, str]:
         """Create the demo run through the services (as the API does), wait for its end; (run id, status)."""
+        from catalog.models import Dataset, Harness, RewardScript
         from runs import services
-        from runs.models import Dataset, Harness, RewardScript, Run
+        from runs.models import Run
 
         run = services.create_run(self.user, name="step-overhead", model=MODEL, config=config,
                                   harness=Harness.objects.get(owner=self.user, name=PRESET["harness"]),

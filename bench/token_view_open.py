@@ -72,14 +72,15 @@ def seed_samples(models_dir: Path) -> dict[int, int]:
     from django.contrib.auth import get_user_model
     from transformers import AutoTokenizer
 
+    from catalog import services as catalog_services
     from runs import services
     from runs.models import ModelCall, Rollout, Sample
 
     user = get_user_model().objects.create_user("bench", password=PASSWORD)
-    harness = services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}",
+    harness = catalog_services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}",
                                                                     "{output_file}"])
-    reward = services.create_reward_script(user, name="one", source="def reward(task, outcome):\n    return 1.0\n")
-    dataset = services.create_dataset(user, name="tasks", content=b'{"id": "t1", "question": "q"}\n',
+    reward = catalog_services.create_reward_script(user, name="one", source="def reward(task, outcome):\n    return 1.0\n")
+    dataset = catalog_services.create_dataset(user, name="tasks", content=b'{"id": "t1", "question": "q"}\n',
                                       filename="tasks.jsonl")
     with mock.patch.object(services, "enqueue_run", lambda run_id: None):  # no worker: the run is seeded
         run = services.create_run(user, name="token view", model="tiny", reward_script=reward, harness=harness,

@@ -9,8 +9,8 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up)
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from runs.auth import TokenAuthMiddlewareStack  # noqa: E402
-from runs.routing import websocket_urlpatterns  # noqa: E402
+from dashboard.auth import TokenAuthMiddlewareStack  # noqa: E402
+from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -19,6 +19,6 @@ application = ProtocolTypeRouter(
     }
 )
 
-from runs import tokenizers  # noqa: E402
+from catalog import tokenizers  # noqa: E402
 
 tokenizers.warm_up()  # the first token view would otherwise pay seconds for importing transformers (and torch)

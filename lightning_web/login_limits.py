@@ -1,4 +1,4 @@
-"""What a login locked out by django-axes answers: the login page with a message (the API: a 429, see runs.api).
+"""What a login locked out by django-axes answers: the login page with a message (the API: a 429, see api).
 
 Axes counts failed logins per username and client address (settings.AXES_*); once AXES_FAILURE_LIMIT is reached
 even the right password is refused until AXES_COOLOFF_TIME has passed since the last failure.
@@ -24,7 +24,7 @@ def retry_after_s() -> int:
 
 def lockout_response(request, original_response=None, credentials=None):
     """AXES_LOCKOUT_CALLABLE: the login page again, status 429, saying why. (The API's token endpoint answers its
-    own 429 in the API's error format: runs.api.views.TokenLoginView.)"""
+    own 429 in the API's error format: api.views.TokenLoginView.)"""
     response = render(request, "registration/login.html",
                       {"form": AuthenticationForm(request), "lockout_message": lockout_message(),
                        "next": request.POST.get("next", "")}, status=429)

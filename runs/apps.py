@@ -1,4 +1,5 @@
-"""The runs app: harnesses, datasets, reward scripts, runs, rollouts, recorded calls."""
+"""The runs app: a run's life (state machine, orchestrator, evaluation, durability, pools, workers), its rollouts,
+recorded calls, samples, metrics and events, and harness checks."""
 from django.apps import AppConfig
 
 

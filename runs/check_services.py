@@ -11,13 +11,19 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.datasets import hidden_fields as reward_only_fields
-from runs.models import CheckEngine, CheckStatus, Executor, Harness, HarnessCheck, RewardScript, Task
-from runs.registry import registered_models
-from runs.services import ServiceError, check_owner
-from runs.tokenizers import VOCABULARY_FILES
+from catalog.datasets import hidden_fields as reward_only_fields
+from catalog.models import Executor, Harness, RewardScript, Task
+from catalog.registry import registered_models
+from catalog.services import check_owner
+from catalog.tokenizers import VOCABULARY_FILES
+from common.errors import ServiceError
+from common.tasks import send_task
+from runs.models import CheckEngine, CheckStatus, HarnessCheck
 
 logger = logging.getLogger(__name__)
+
+RUN_HARNESS_CHECK = "runs.check_tasks.run_harness_check"
+"""The Celery task of a check (runs.check_tasks), enqueued by name."""
 
 
 def start_harness_check(user, harness: Harness, *, task: Task | dict[str, Any], model: str,
@@ -71,10 +77,8 @@ def enqueue_harness_check(check_id: int, engine: str, executor: str = Executor.L
     """A scripted check of a local harness is short: the control worker's queue. One on vLLM needs the runs
     worker's accelerator, and one of a kubernetes harness the runs worker's cluster access and the proxy address its
     pods reach (the web and control processes have neither in a cluster deployment)."""
-    from runs.check_tasks import run_harness_check
-
     on_runs_worker = engine == CheckEngine.VLLM or executor != Executor.LOCAL
-    run_harness_check.apply_async(args=[check_id], queue="runs" if on_runs_worker else "default")
+    send_task(RUN_HARNESS_CHECK, [check_id], queue="runs" if on_runs_worker else "default")
 
 
 CHECK_LOST_AFTER_S = 900

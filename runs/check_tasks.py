@@ -10,9 +10,13 @@ from typing import Iterator
 from celery import shared_task
 from django.conf import settings
 
-from runs import check_services, executors, services
+from catalog.models import Executor
+from common import errors as services
+from runs import check_services
 from runs.harness_check import check_harness
-from runs.models import CheckEngine, Executor, HarnessCheck
+from runs.models import CheckEngine, HarnessCheck
+from sandbox import executors
+from sandbox.executors import base as sandbox_base
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ def run_check(check: HarnessCheck) -> dict:
     try:
         executor = executors.for_harness({"executor": harness.executor, "image": harness.image,
                                           "resources": harness.resources})
-    except executors.ExecutorSetupError as exc:
+    except sandbox_base.ExecutorSetupError as exc:
         raise services.ServiceError(f"the harness cannot run on this worker: {exc}") from None
     local = harness.executor == Executor.LOCAL  # a pod reaches the proxy where a run's pods do
     with tempfile.TemporaryDirectory(prefix=f"harness-check-{check.pk}-") as workdir:

@@ -21,8 +21,10 @@ from django.db import close_old_connections, connection
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from catalog.models import Split
+from common import errors as common_errors
 from runs import services
-from runs.models import RolloutStatus, Run, RunStatus, Split
+from runs.models import RolloutStatus, Run, RunStatus
 from trainer.scheduler import read_counters
 
 logger = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ def sweep_lost_runs(now: datetime | None = None) -> dict[int, str]:
         still_lost = _stale(cutoff) & Q(status=run.status, worker_starts=run.worker_starts)
         try:
             services.reclaim_lost_run(run.pk, verdict.status, error=verdict.error, still_lost=still_lost)
-        except services.InvalidTransition as exc:
+        except common_errors.InvalidTransition as exc:
             logger.info("run %s not reclaimed: %s", run.pk, exc)  # it beat or moved on since the query
             continue
         logger.warning("run %s (%s, worker start %d): no heartbeat for %.0f s; now %s", run.pk, run.status,

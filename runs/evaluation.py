@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from catalog.models import Task
 from runs import services
 from runs.harness_source import HarnessSource
-from runs.models import Run, Task
+from runs.models import Run
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from trainer import scheduler
 from trainer.config import TrainerConfig

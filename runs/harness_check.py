@@ -13,15 +13,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from catalog.datasets import harness_view, hidden_fields
 from proxy.app import ADAPTERS, create_app
 from proxy.scripted_engine import Policy, ScriptedEngine, ScriptedServer
 from proxy.server import ProxyServer
 from proxy.types import InMemoryDirectory, InMemoryRecorder, RecordedCall, UpstreamConfig
-from runs.datasets import harness_view, hidden_fields
-from runs.executor import Attempt, LocalExecutor, Outcome
-from runs.executors import Executor
 from runs.harness_source import trainable_calls
-from runs.sandbox import score
+from sandbox.executors.base import Attempt, Executor, Outcome
+from sandbox.executors.local import LocalExecutor
+from sandbox.scoring import score
 from trainer.samples import FORK, BuildResult, Decode, build_samples
 
 ROLLOUT_ID = "check"
@@ -43,7 +43,7 @@ class CheckResult:
     outcome: dict[str, Any]
     harness: Outcome
     reward: dict | None
-    """runs.sandbox.ScoreResult.as_dict(), or None without a reward script (or when the harness never ran)."""
+    """sandbox.scoring.ScoreResult.as_dict(), or None without a reward script (or when the harness never ran)."""
     verdict: str
     reasons: list[str] = field(default_factory=list)
     decode: Decode | None = None

@@ -14,12 +14,14 @@ from typing import Iterator
 
 from django.conf import settings
 
+from catalog import services
+from catalog.models import Task
 from proxy.server import ProxyServer
-from runs import disk, rollout_services, services
-from runs.executor import Attempt
-from runs.executors import for_harness
-from runs.models import ModelCall, RolloutStatus, Run, Task
+from runs import disk, rollout_services
+from runs.models import ModelCall, RolloutStatus, Run
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
+from sandbox.executors import for_harness
+from sandbox.executors.base import Attempt
 from trainer import scheduler
 from trainer.config import TrainerConfig
 from trainer.samples import CallRecord

@@ -14,16 +14,19 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Q
 
+from catalog import registry
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import durability, executors, isolation, registry, rollout_services, services
+from runs import durability, rollout_services, services
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource, reward_script_bug, reward_script_counts
 from runs.models import Metric, Run, RunStatus
 from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restart
 from runs.recorder import DjangoRecorder, cached_directory
+from sandbox import executors, isolation
+from sandbox.executors import base as sandbox_base
 from trainer import scheduler
 from trainer.config import TrainerConfig
 
@@ -98,7 +101,7 @@ async def _execute(run_id: int, generation: int) -> str:
 
 
 def record_isolation(run_id: int) -> str:
-    """How the run's user code will be isolated (runs.isolation), written on the run; RunSetupError where it cannot
+    """How the run's user code will be isolated (sandbox.isolation), written on the run; RunSetupError where it cannot
     be and LIGHTNING_UNSAFE_LOCAL_EXEC=1 does not allow running it unisolated."""
     try:
         text = isolation.current().describe()
@@ -130,7 +133,7 @@ async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
         raise RunSetupError("the run's dataset is gone or has no train tasks")
     try:
         executors.for_harness(run.harness_snapshot)  # an unknown executor, or a cluster this worker cannot use
-    except executors.ExecutorSetupError as exc:
+    except sandbox_base.ExecutorSetupError as exc:
         raise RunSetupError(str(exc)) from exc
     isolation_line = await db(record_isolation)(run_id)
     config, host_line = await db(record_host)(run_id, config)

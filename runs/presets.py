@@ -13,7 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
-from runs import harness_templates, signal
+from catalog import harness_templates
+from runs import signal
 from runs.models import Run
 
 DEMO_SLUG = "arith-demo"

@@ -13,9 +13,11 @@ from django.db.models import Case, F, Max, PositiveIntegerField, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from catalog.models import Task
+from common import errors as common_errors
 from proxy.auth import hash_secret
 from runs import events, services
-from runs.models import FailureKind, ModelCall, Rollout, RolloutStatus, Run, Sample, Task
+from runs.models import FailureKind, ModelCall, Rollout, RolloutStatus, Run, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward
     `failure_kind` (FailureKind) says whose fault a failure was: "policy" or "infra"; "" when it did not fail.
     """
     if failure_kind not in FailureKind.values:
-        raise services.ServiceError(f"failure_kind must be one of {FailureKind.values}, got {failure_kind!r}")
+        raise common_errors.ServiceError(f"failure_kind must be one of {FailureKind.values}, got {failure_kind!r}")
     with transaction.atomic():
         rollout = Rollout.objects.select_for_update().get(pk=rollout_id)
         rollout.status, rollout.reward, rollout.exit_code = status, reward, exit_code

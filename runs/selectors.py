@@ -3,34 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import Count, Q, QuerySet
 
+from catalog.models import Split, Task
+from catalog.selectors import owned
 from runs import events
-from runs.models import Dataset, FailureKind, Metric, Rollout, RolloutStatus, Run, RunEvent, Split, Task
+from runs.models import FailureKind, Metric, Rollout, RolloutStatus, Run, RunEvent
 from trainer.config import TrainerConfig
-
-
-OWNER_PATHS = {"Task": "dataset__owner", "Rollout": "run__owner", "ModelCall": "rollout__run__owner",
-               "Sample": "rollout__run__owner"}
-"""How a model without an `owner` of its own reaches its owner."""
-
-
-def owned(queryset: QuerySet, user) -> QuerySet:
-    """Rows the user may see: their own, or all for staff. `owner` may be reached through a relation."""
-    if user.is_staff:
-        return queryset
-    return queryset.filter(**{OWNER_PATHS.get(queryset.model.__name__, "owner"): user})
-
-
-def owner_id_of(obj) -> int | None:
-    """The id of the user who owns `obj`, through the same relations as `owned` (None for an unowned object)."""
-    *hops, _ = OWNER_PATHS.get(type(obj).__name__, "owner").split("__")
-    for hop in hops:
-        obj = getattr(obj, hop, None)
-        if obj is None:
-            return None
-    return getattr(obj, "owner_id", None)
 
 
 def user_can_see_run(user, run_id: int) -> bool:
@@ -89,14 +68,3 @@ def validation_grid(run: Run) -> dict[str, Any]:
     return {"pass_threshold": threshold, "steps": steps,
             "tasks": [{"task": t["pk"], "external_id": t["external_id"], "index": t["index"],
                        "cells": [cells.get((t["pk"], step)) for step in steps]} for t in tasks]}
-
-
-def browse_tasks(dataset: Dataset, split: str = "", query: str = ""):
-    """The dataset's tasks in file order, filtered by split and by text in the id or the task's JSON, in SQL."""
-    tasks = Task.objects.filter(dataset=dataset).order_by("index")
-    if split:
-        tasks = tasks.filter(split=split)
-    if query:
-        tasks = tasks.annotate(data_text=Cast("data", TextField())).filter(
-            Q(external_id__icontains=query) | Q(data_text__icontains=query))
-    return tasks.only("pk", "index", "external_id", "split", "data")

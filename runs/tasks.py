@@ -10,10 +10,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
-# check_tasks and reward_tests are imported so the workers (which load `tasks` modules only) know
-# run_harness_check and run_reward_test, worker_control so they answer the host_profile inspect command
-from runs import (check_tasks, durability, model_imports, orchestrator, pools, reconnect,  # noqa: F401
-                  reward_tests, rollout_services, services, worker_control)
+# check_tasks is imported so the workers (which load `tasks` modules only) know run_harness_check, worker_control
+# so they answer the host_profile inspect command
+from common import errors as common_errors
+from runs import check_tasks, durability, orchestrator, pools, reconnect, rollout_services, services, worker_control  # noqa: F401
 from runs.models import Run, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -100,13 +100,8 @@ def _fail(run_id: int, generation: int, message: str) -> str:
 
     try:  # this thread's connection may have died with a PostgreSQL restart during the run
         reconnect.call_with_reconnect(fail)
-    except services.InvalidTransition as exc:
+    except common_errors.InvalidTransition as exc:
         logger.warning("run %s: failure not recorded: %s", run_id, exc)
         return Run.objects.filter(pk=run_id).values_list("status", flat=True).first() or "missing"
     return RunStatus.FAILED
 
-
-@shared_task(name="runs.tasks.import_model", acks_late=True)
-def import_model(name: str, import_id: str) -> str:
-    """Build or import a registry model the dashboard asked for (runs.model_imports); returns its final state."""
-    return model_imports.run_import(name, import_id).get("state", "missing")

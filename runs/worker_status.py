@@ -10,7 +10,8 @@ from typing import Any
 from celery import current_app
 from django.utils import timezone
 
-from runs import pools, selectors
+from catalog import selectors
+from runs import pools
 from runs.models import Run
 
 logger = logging.getLogger(__name__)

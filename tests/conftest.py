@@ -104,18 +104,18 @@ def staff_api(staff):
 
 @pytest.fixture
 def make_harness():
-    from runs import services
+    from catalog import services as catalog_services
 
     def make(owner, name="agent", **fields):
         fields.setdefault("command", ["python", "agent.py", "--task", "{task_file}", "--out", "{output_file}"])
-        return services.create_harness(owner, name=name, **fields)
+        return catalog_services.create_harness(owner, name=name, **fields)
 
     return make
 
 
 @pytest.fixture
 def make_dataset():
-    from runs import services
+    from catalog import services as catalog_services
 
     def make(owner, name="tasks", tasks=None, **options):
         tasks = tasks if tasks is not None else [
@@ -123,17 +123,17 @@ def make_dataset():
             for i in range(5)
         ]
         content = "\n".join(json.dumps(t) for t in tasks).encode()
-        return services.create_dataset(owner, name=name, content=content, filename="tasks.jsonl", **options)
+        return catalog_services.create_dataset(owner, name=name, content=content, filename="tasks.jsonl", **options)
 
     return make
 
 
 @pytest.fixture
 def make_reward():
-    from runs import services
+    from catalog import services as catalog_services
 
     def make(owner, name="exact", source=REWARD_SOURCE, **fields):
-        return services.create_reward_script(owner, name=name, source=source, **fields)
+        return catalog_services.create_reward_script(owner, name=name, source=source, **fields)
 
     return make
 

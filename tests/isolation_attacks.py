@@ -1,5 +1,5 @@
 """Every escape user code might try, in one list: tests/runs/test_isolation.py and bench/isolation_attacks.py run
-each through the real sandboxes (runs.sandbox.score for reward scripts, runs.executor.LocalExecutor for harnesses).
+each through the real sandboxes (sandbox.scoring.score for reward scripts, sandbox.executors.local.LocalExecutor for harnesses).
 
 An attack is the source of `attack(ctx)`: it returns what it got when it escaped (a string), None when it was
 stopped; an exception counts as stopped too. `ctx` (JSON) names the targets: secret files, Redis and PostgreSQL
@@ -28,8 +28,9 @@ from django.conf import settings
 from django.test.utils import override_settings
 
 from common.procs import pids_matching
-from runs.executor import Attempt, LocalExecutor, Outcome
-from runs.sandbox import Limits, ScoreResult, score
+from sandbox.executors.base import Attempt, Outcome
+from sandbox.executors.local import LocalExecutor
+from sandbox.scoring import Limits, ScoreResult, score
 
 REWARD_LIMITS = Limits(timeout_s=4, memory_mb=256, output_bytes=8192)
 HARNESS_TIMEOUT_S = 4.0

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from catalog import services as catalog_services
 from runs import services
 from runs.models import Rollout, Run
 from tests.workers import Workers, wait_db
@@ -76,12 +77,12 @@ def tool_run(alice, tmp_path, models_dir, workers: Workers) -> Run:
 
     build_tiny_model(models_dir / "tiny", seed=0, name="tiny")
     (tmp_path / "harness.py").write_text(HARNESS)
-    harness = services.create_harness(alice, name="calculator-agent", timeout_s=120, command=[
+    harness = catalog_services.create_harness(alice, name="calculator-agent", timeout_s=120, command=[
         "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}", "{base_url}", "{api_key}",
         "{model}"])
     content = "\n".join(json.dumps(task) for task in TASKS).encode()
-    dataset = services.create_dataset(alice, name="sums", content=content, filename="sums.jsonl")
-    reward = services.create_reward_script(alice, name="random-below-one", source=REWARD)
+    dataset = catalog_services.create_dataset(alice, name="sums", content=content, filename="sums.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="random-below-one", source=REWARD)
     run = services.create_run(alice, name="tool run", model="tiny", harness=harness, dataset=dataset,
                               reward_script=reward, config=CONFIG)
     workers.start("runner", "runs")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runs import model_imports, tasks
-from runs.models import Dataset, Task
+from catalog import model_imports
+from catalog.models import Dataset, Task
+from catalog import tasks
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
 
@@ -105,7 +106,7 @@ def test_the_models_page_follows_an_import_until_the_model_is_listed(import_data
     page.on("pageerror", lambda exc: console.append(f"page error: {exc}"))
     # Queued from this process (the live server would send it to the app's own broker); run here below.
     sent = []
-    monkeypatch.setattr(tasks.import_model, "apply_async", lambda args, queue: sent.append(args))
+    monkeypatch.setattr(model_imports, "send_task", lambda name, args, queue: sent.append(args))
     status = model_imports.start_import(alice, "tiny", name="tiny-live", seed=4)
     try:
         login(page, live_url)

@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import connection
 
-from runs import harness_templates
+from catalog import harness_templates
 from runs.check_tasks import run_harness_check
 from runs.models import CheckStatus, HarnessCheck
 from tests.browser.conftest import ROOT, browser, live_url, page  # noqa: F401  (the browser fixtures)

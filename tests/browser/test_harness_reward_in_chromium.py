@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from runs.models import Harness, RewardScript
+from catalog.models import Harness, RewardScript
 from tests.browser.conftest import ROOT, browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
 

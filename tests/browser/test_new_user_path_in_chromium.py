@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runs.models import Dataset, Harness, RewardScript, Run
+from catalog.models import Dataset, Harness, RewardScript
+from runs.models import Run
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
 from tests.workers import REAL_RUN_MARKS, Workers, wait_db, workers  # noqa: F401  (the workers fixture)

@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from catalog import services as catalog_services
 from runs import services
 from tests.conftest import REWARD_SOURCE
 
@@ -29,9 +30,9 @@ def test_swagger_ui_renders_offline(page, live_url, alice):
 
 
 def test_a_run_page_shows_events_live(page, live_url, alice):
-    harness = services.create_harness(alice, name="h", command=["python", "a.py"])
-    dataset = services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
-    reward = services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
+    harness = catalog_services.create_harness(alice, name="h", command=["python", "a.py"])
+    dataset = catalog_services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
     run = services.create_run(alice, name="<b>live</b>", model="tiny", config={}, harness=harness,
                               dataset=dataset, reward_script=reward)
     login(page, live_url)
@@ -47,9 +48,9 @@ def test_a_run_page_shows_events_live(page, live_url, alice):
 
 
 def test_a_run_page_shows_the_phase_and_its_progress_live(page, live_url, alice):
-    harness = services.create_harness(alice, name="h", command=["python", "a.py"])
-    dataset = services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
-    reward = services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
+    harness = catalog_services.create_harness(alice, name="h", command=["python", "a.py"])
+    dataset = catalog_services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
     run = services.create_run(alice, name="phases", model="tiny", config={}, harness=harness, dataset=dataset,
                               reward_script=reward)
     login(page, live_url)

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from django.db.models import Q
 
+from catalog.models import Task
 from runs import rollout_services, services
-from runs.models import Run, Task
+from runs.models import Run
 from tests.browser.test_pages_in_chromium import login
 
 pytestmark = pytest.mark.browser

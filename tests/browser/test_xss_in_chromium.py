@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
+from catalog import services as catalog_services
 from runs import rollout_services, services
 from runs.models import CallApi, ModelCall
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
@@ -31,13 +32,13 @@ REWARD = ("def reward(task, outcome):\n"
 
 @pytest.fixture
 def planted(alice):
-    harness = services.create_harness(alice, name="h" + PAYLOAD, description=PAYLOAD, command=["python", PAYLOAD],
+    harness = catalog_services.create_harness(alice, name="h" + PAYLOAD, description=PAYLOAD, command=["python", PAYLOAD],
                                       env={"X": PAYLOAD})
     tasks = [{"id": f"t{i}" + PAYLOAD, "question": PAYLOAD, "answer": PAYLOAD, "split": "val" if i == 0 else "train"}
              for i in range(3)]
-    dataset = services.create_dataset(alice, name="d" + PAYLOAD, description=PAYLOAD, filename="x.jsonl",
+    dataset = catalog_services.create_dataset(alice, name="d" + PAYLOAD, description=PAYLOAD, filename="x.jsonl",
                                       content="\n".join(json.dumps(t) for t in tasks).encode())
-    reward = services.create_reward_script(alice, name="r" + PAYLOAD, description=PAYLOAD, source=REWARD)
+    reward = catalog_services.create_reward_script(alice, name="r" + PAYLOAD, description=PAYLOAD, source=REWARD)
     runs = [services.create_run(alice, name=f"run{i}" + PAYLOAD, model="tiny", config={}, harness=harness,
                                 dataset=dataset, reward_script=reward) for i in range(2)]
     run = runs[0]

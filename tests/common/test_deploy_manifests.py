@@ -11,9 +11,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manifest_checks import (APP_IMAGE, DEPLOY, K8S_VERSIONS, ROOT, Index, app_errors, executor_permissions,
-                                   load, manifest_files, matches, ns, reference_errors, schema_errors,
-                                   settings_read, validate, workers)
+from tests.manifest_checks import (
+    APP_IMAGE,
+    DEPLOY,
+    K8S_VERSIONS,
+    ROOT,
+    Index,
+    app_errors,
+    executor_permissions,
+    load,
+    manifest_files,
+    matches,
+    ns,
+    reference_errors,
+    schema_errors,
+    settings_read,
+    validate,
+    workers,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +79,8 @@ def test_it_deploys_every_part(docs):
 def test_the_executors_job_passes_the_schemas_and_the_harness_policy(docs, settings):
     """The Job the executor really sends (its job_body), in the namespace the ConfigMap names: valid for the API,
     and selected by the harness namespace's NetworkPolicy."""
-    from runs.executor import Attempt
-    from runs.executors.kubernetes import KubernetesExecutor
+    from sandbox.executors.base import Attempt
+    from sandbox.executors.kubernetes import KubernetesExecutor
 
     index = Index(docs)
     data = index.get("ConfigMap", "lightning", "lightning-config")["data"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from runs import harness_templates
+from catalog import harness_templates
 from runs.harness_check import CheckResult, check_harness
 from tests.conformance import table
 

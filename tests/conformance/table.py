@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from runs import harness_templates
+from catalog import harness_templates
 from runs.harness_check import CheckResult
 from trainer.samples import DRIFT_CLASSES
 

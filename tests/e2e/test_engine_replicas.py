@@ -23,6 +23,7 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
+from catalog import services as catalog_services
 from common.procs import all_stats, cmdline, pids_matching
 from runs import services
 from runs.models import ModelCall, Rollout, Run, RunEvent
@@ -128,10 +129,10 @@ def replica_run(django_db_setup, django_db_blocker, tmp_path_factory):
     tasks = "\n".join(json.dumps({"id": f"t{i}", "question": f"count to {i}", "split": "train"}) for i in range(4))
     with real_run(tmp, "tiny-replicas", HARNESS, django_db_blocker) as workers:
         owner = get_user_model().objects.create_user("replica-owner", password="pw-replicas-1")
-        harness = services.create_harness(owner, name="long-calls", timeout_s=120, command=[
+        harness = catalog_services.create_harness(owner, name="long-calls", timeout_s=120, command=[
             "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
-        dataset = services.create_dataset(owner, name="counting", content=tasks.encode(), filename="t.jsonl")
-        reward = services.create_reward_script(owner, name="random", source=REWARD)
+        dataset = catalog_services.create_dataset(owner, name="counting", content=tasks.encode(), filename="t.jsonl")
+        reward = catalog_services.create_reward_script(owner, name="random", source=REWARD)
         run = services.create_run(owner, name="replicas", model="tiny-replicas", harness=harness,
                                   dataset=dataset, reward_script=reward, config=CONFIG)
         started = time.monotonic()

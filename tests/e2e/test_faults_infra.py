@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
+from catalog import services as catalog_services
 from lightning_web.celery import app as celery_app
 from runs import services
 from runs.models import ModelCall, Rollout, Run
@@ -127,12 +128,12 @@ def make_run(alice, tmp_path, tiny_model):
     (tmp_path / "harness.py").write_text(HARNESS)
 
     def make(pause_s: float = 4, config=None) -> Run:
-        harness = services.create_harness(alice, name="pausing", timeout_s=120, command=[
+        harness = catalog_services.create_harness(alice, name="pausing", timeout_s=120, command=[
             "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"], env={"PAUSE_S": str(pause_s)})
         tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "{"val" if i < 1 else "train"}"}}'
                           for i in range(6))
-        dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
-        reward = services.create_reward_script(alice, name="random", source=REWARD)
+        dataset = catalog_services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+        reward = catalog_services.create_reward_script(alice, name="random", source=REWARD)
         return services.create_run(alice, name="faulty", model=str(tiny_model), harness=harness, dataset=dataset,
                                    reward_script=reward, config={**CONFIG, **(config or {})})
 

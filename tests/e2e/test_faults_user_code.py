@@ -29,6 +29,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from catalog import services as catalog_services
 from common.procs import all_stats, cmdline, pids_matching
 from runs import services
 from runs.models import ModelCall, Rollout, Run
@@ -199,10 +200,10 @@ def fault_run(django_db_setup, django_db_blocker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults-user-code")
     with real_run(tmp, "tiny-faults", HARNESS, django_db_blocker) as workers:
         owner = get_user_model().objects.create_user("fault-owner", password="pw-faults-1")
-        harness = services.create_harness(owner, name="faulty", timeout_s=HARNESS_TIMEOUT_S, command=[
+        harness = catalog_services.create_harness(owner, name="faulty", timeout_s=HARNESS_TIMEOUT_S, command=[
             "python3", str(tmp / "harness.py"), "{task_file}", "{output_file}"])
-        dataset = services.create_dataset(owner, name="faults", content=_tasks(), filename="faults.jsonl")
-        reward = services.create_reward_script(owner, name="faulty", source=REWARD, timeout_s=REWARD_TIMEOUT_S)
+        dataset = catalog_services.create_dataset(owner, name="faults", content=_tasks(), filename="faults.jsonl")
+        reward = catalog_services.create_reward_script(owner, name="faulty", source=REWARD, timeout_s=REWARD_TIMEOUT_S)
         run = services.create_run(owner, name="faults", model="tiny-faults", harness=harness, dataset=dataset,
                                   reward_script=reward, config=CONFIG)
         worker = workers.start("faults", "runs")

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from catalog import services
 from common.procs import free_port, kill_groups
 from lightning_web import embedded_redis
-from runs import services
 from runs.models import Rollout, Run, RunEvent
 from tests.workers import REAL_RUN_MARKS, ROOT, Workers, wait_db
 

@@ -89,7 +89,7 @@ def test_the_template_runs_the_runner_with_the_overlay_and_limits():
 
 
 def test_the_template_preset_validates():
-    from runs import harness_templates
+    from catalog import harness_templates
 
     harness_templates.templates.cache_clear()
     harness_templates.templates()  # no TemplateError

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.conf import settings
 
-from runs.datasets import DEFAULT_HIDDEN_FIELDS
-from runs.sandbox import Limits, score
+from catalog.datasets import DEFAULT_HIDDEN_FIELDS
+from sandbox.scoring import Limits, score
 
 SUITE = settings.BASE_DIR / "examples" / "repo_tasks"
 TASK_FIELDS = {"id", "template", "kind", "split", "prompt", "files", "tests"}

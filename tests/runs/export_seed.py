@@ -1,9 +1,10 @@
 """A small run to export: three rollouts (train with a tool call and a trained sample, train dropped, failed val)."""
 from __future__ import annotations
 
+from catalog.models import Task
 from proxy.types import RecordedCall
 from runs import rollout_services
-from runs.models import Rollout, Task
+from runs.models import Rollout
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
 

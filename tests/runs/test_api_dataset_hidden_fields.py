@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from runs.models import Dataset
+from catalog.models import Dataset
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/datasets/"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from runs.models import Dataset, Task
+from catalog.models import Dataset, Task
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/datasets/"
@@ -167,7 +167,8 @@ def test_a_task_opens_for_its_owner_and_staff_and_is_hidden_from_others(alice_ap
 
 
 def test_owner_id_of_follows_the_same_relations_as_owned(alice, make_run, make_dataset):
-    from runs import rollout_services, selectors
+    from catalog import selectors
+    from runs import rollout_services
 
     run = make_run(alice)
     rollout, _ = rollout_services.create_rollout(run, task=run.dataset.tasks.first(), split="train", step=0,

@@ -2,7 +2,7 @@
 import pytest
 from django.db import IntegrityError
 
-from runs.api.errors import exception_handler
+from api.errors import exception_handler
 
 pytestmark = pytest.mark.django_db
 

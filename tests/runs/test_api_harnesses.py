@@ -1,7 +1,7 @@
 """/api/v1/harnesses/: CRUD with validation, versions and ownership."""
 import pytest
 
-from runs.models import Harness
+from catalog.models import Harness
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/harnesses/"
@@ -79,7 +79,8 @@ def test_anonymous_requests_are_refused(client):
 
 @pytest.mark.parametrize("kind", ["harnesses", "datasets", "reward-scripts"])
 def test_deleting_what_a_run_uses_is_refused_with_409_and_keeps_it(alice, alice_api, make_run, kind):
-    from runs.models import Dataset, Harness, RewardScript, Run
+    from catalog.models import Dataset, Harness, RewardScript
+    from runs.models import Run
 
     run = make_run(alice)
     model, obj = {"harnesses": (Harness, run.harness), "datasets": (Dataset, run.dataset),

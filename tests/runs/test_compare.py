@@ -8,9 +8,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import run_summaries, services
+from catalog import services as catalog_services
+from dashboard import run_summaries
+from dashboard.pages.compare import metric_groups
+from runs import services
 from runs.models import Metric, Run
-from runs.pages.compare import metric_groups
 
 pytestmark = pytest.mark.django_db
 
@@ -110,7 +112,7 @@ def test_the_dtypes_each_host_resolved_show_beside_the_auto_settings(client, ali
 
 def test_a_changed_harness_version_shows_in_the_diff(client, alice, kit):
     a = new_run(alice, kit, "before")
-    services.update_harness(kit["harness"], command=["python", "agent2.py"])
+    catalog_services.update_harness(kit["harness"], command=["python", "agent2.py"])
     b = new_run(alice, kit, "after")
     client.force_login(alice)
     page = client.get(f"/runs/compare/?ids={a.pk},{b.pk}").content.decode()

@@ -1,11 +1,18 @@
-"""runs.conversations: recorded calls of each API read back as turns, tool definitions and tool-call counts.
+"""dashboard.conversations: recorded calls of each API read back as turns, tool definitions and tool-call counts.
 
 Payloads have the shapes the proxy records from real harnesses (FIELD-NOTES.md, tests/proxy/): OpenCode and
 mini-SWE-agent on chat, Codex on responses, Claude Code on messages; a stream's `response` is the assembled final
 object (proxy.app), so a streamed call reads like a whole one.
 """
-from runs.conversations import (Conversation, ToolCall, Turn, conversation, shared_prefix, tool_call_counts,
-                                tool_definitions)
+from dashboard.conversations import (
+    Conversation,
+    ToolCall,
+    Turn,
+    conversation,
+    shared_prefix,
+    tool_call_counts,
+    tool_definitions,
+)
 
 BASH = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
 

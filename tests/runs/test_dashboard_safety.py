@@ -7,8 +7,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from catalog.models import Dataset, Harness, RewardScript
 from runs import rollout_services
-from runs.models import Dataset, Harness, ModelCall, RewardScript, Run, RunStatus
+from runs.models import ModelCall, Run, RunStatus
 
 pytestmark = pytest.mark.django_db
 

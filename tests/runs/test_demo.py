@@ -5,8 +5,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from catalog.models import Dataset, Harness, RewardScript
 from runs.management.commands.load_demo import PRESET_FILE, demo_preset
-from runs.models import Dataset, Harness, RewardScript, Run, RunEvent
+from runs.models import Run, RunEvent
 from trainer.config import TrainerConfig
 
 pytestmark = pytest.mark.django_db

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from catalog import services as catalog_services
 from runs import services
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
@@ -17,9 +18,9 @@ TRACES = "() => document.getElementById('run-chart').data.map(t => ({name: t.nam
 
 @pytest.fixture
 def run_with_curve(alice):
-    harness = services.create_harness(alice, name="h", command=["python", "a.py"])
-    dataset = services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
-    reward = services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
+    harness = catalog_services.create_harness(alice, name="h", command=["python", "a.py"])
+    dataset = catalog_services.create_dataset(alice, name="d", content=b'{"q": 1}\n{"q": 2}\n', filename="t.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="r", source=REWARD_SOURCE)
     run = services.create_run(alice, name="<b>curve</b>", model="tiny", config={}, harness=harness, dataset=dataset,
                               reward_script=reward)
     services.record_metrics(run.pk, 0, {"eval/pass@1": 0.25, "eval/pass@1_greedy": 0.3, "eval/tasks": 100.0})

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from common import errors as common_errors
 from runs import durability, services
 from runs.models import Metric, ModelCall, Rollout, Run, Sample
 
@@ -40,7 +41,7 @@ def test_the_table_refuses_queued_from_queued_and_from_cancelling(alice, make_ru
     run = make_run(alice)
     for status in path:
         services.transition_run(run.pk, status)
-    with pytest.raises(services.InvalidTransition, match="cannot go from"):
+    with pytest.raises(common_errors.InvalidTransition, match="cannot go from"):
         services.transition_run(run.pk, "queued")
 
 
@@ -67,7 +68,7 @@ def test_resume_puts_a_failed_or_cancelled_run_back_in_the_queue(alice, make_run
 
 def test_resume_refuses_a_run_without_a_checkpoint(alice, make_run):
     run = finished_run(make_run, alice, "failed", checkpoint="")
-    with pytest.raises(services.InvalidTransition, match="has no checkpoint to go on from .*clone it"):
+    with pytest.raises(common_errors.InvalidTransition, match="has no checkpoint to go on from .*clone it"):
         services.resume_run(run, alice)
     assert Run.objects.get(pk=run.pk).status == "failed"
 
@@ -82,7 +83,7 @@ def test_resume_refuses_other_states(alice, make_run, status, message):
     services.transition_run(run.pk, "running")
     if status == "succeeded":
         services.transition_run(run.pk, "succeeded", checkpoint_path="/x/step-000001")
-    with pytest.raises(services.InvalidTransition, match=message):
+    with pytest.raises(common_errors.InvalidTransition, match=message):
         services.resume_run(Run.objects.get(pk=run.pk), alice)
     assert Run.objects.get(pk=run.pk).status == status
 
@@ -97,14 +98,14 @@ def test_continue_adds_steps_to_a_succeeded_run(alice, make_run, django_capture_
 
 def test_continue_refuses_a_failed_run_and_points_to_resume(alice, make_run):
     run = finished_run(make_run, alice, "failed")
-    with pytest.raises(services.InvalidTransition, match="only succeeded runs can be continued; resume it instead"):
+    with pytest.raises(common_errors.InvalidTransition, match="only succeeded runs can be continued; resume it instead"):
         services.continue_run(run, alice, 3)
     assert Run.objects.get(pk=run.pk).config["steps"] == 2
 
 
 def test_only_the_owner_or_staff_may_resume(alice, bob, staff, make_run):
     run = finished_run(make_run, alice, "failed")
-    with pytest.raises(services.NotOwned):
+    with pytest.raises(common_errors.NotOwned):
         services.resume_run(run, bob)
     assert services.resume_run(run, staff).status == "queued"
 
@@ -115,7 +116,7 @@ def test_a_worker_generation_that_lost_the_run_can_no_longer_write_it(alice, mak
     Run.objects.filter(pk=run.pk).update(worker_starts=2)  # another worker took it up meanwhile
     assert services.beat_run(run.pk, 1) is False and services.beat_run(run.pk, 2) is True
     assert services.record_checkpoint(run.pk, 1, "/x/step-000001", 1) is False
-    with pytest.raises(services.InvalidTransition, match="changed meanwhile"):
+    with pytest.raises(common_errors.InvalidTransition, match="changed meanwhile"):
         services.fail_run(run.pk, "crash", generation=1)
     run.refresh_from_db()
     assert run.status == "starting" and run.checkpoint_path == ""
@@ -230,7 +231,7 @@ def test_checkpoint_step_reads_the_folder_name():
 @pytest.mark.parametrize("steps", [0, -3])
 def test_continue_refuses_fewer_than_one_more_step(alice, make_run, steps, test_redis):
     run = finished_run(make_run, alice, "succeeded")
-    with pytest.raises(services.ServiceError, match=f"steps must be at least 1, got {steps}"):
+    with pytest.raises(common_errors.ServiceError, match=f"steps must be at least 1, got {steps}"):
         services.continue_run(run, alice, steps)
     run.refresh_from_db()
     assert (run.status, run.config["steps"]) == ("succeeded", 2) and test_redis.llen("runs") == 0

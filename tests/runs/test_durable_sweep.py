@@ -6,6 +6,7 @@ import pytest
 from django.db.models import Q
 from django.utils import timezone
 
+from common import errors as common_errors
 from runs import durability, services
 from runs.models import ModelCall, Rollout, Run
 from runs.tasks import sweep_lost_runs
@@ -128,7 +129,7 @@ def test_a_worker_that_beats_after_the_sweep_looked_keeps_its_run(alice, make_ru
     run = held_run(make_run, alice, silent_s=61)
     seen = Q(heartbeat_at__lt=timezone.now() - timedelta(seconds=60), worker_starts=1, status="running")
     assert services.beat_run(run.pk, 1) is True  # the beat lands between the sweep's query and its update
-    with pytest.raises(services.InvalidTransition, match="changed meanwhile"):
+    with pytest.raises(common_errors.InvalidTransition, match="changed meanwhile"):
         services.reclaim_lost_run(run.pk, "failed", error="worker lost", still_lost=seen)
     assert Run.objects.get(pk=run.pk).status == "running"
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Count
 
+from catalog import services as catalog_services
 from common.procs import pids_matching
 from runs import services
 from runs.models import Metric, ModelCall, Rollout, Run, Sample
@@ -65,12 +66,12 @@ def make_run(alice, tmp_path, tiny_model):
     (tmp_path / "harness.py").write_text(HARNESS)
 
     def make(config=None):
-        harness = services.create_harness(alice, name="pausing", timeout_s=120, command=[
+        harness = catalog_services.create_harness(alice, name="pausing", timeout_s=120, command=[
             "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"], env={"PAUSE_S": "4"})
         tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "{"val" if i < 2 else "train"}"}}'
                           for i in range(8))
-        dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
-        reward = services.create_reward_script(alice, name="even", source=REWARD)
+        dataset = catalog_services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+        reward = catalog_services.create_reward_script(alice, name="even", source=REWARD)
         return services.create_run(alice, name="durable", model=str(tiny_model), harness=harness, dataset=dataset,
                                    reward_script=reward, config={**CONFIG, **(config or {})})
 

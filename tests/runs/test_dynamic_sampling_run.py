@@ -4,6 +4,7 @@ refilled with other tasks; the step's figures reach the metrics, the API and the
 import pytest
 from django.urls import reverse
 
+from catalog import services as catalog_services
 from runs import services
 from runs.models import Rollout, Run, Sample
 from runs.tasks import execute_run
@@ -31,12 +32,12 @@ def test_groups_without_signal_are_dropped_shown_and_the_batch_refilled(alice, c
     settings.LIGHTNING_RUNS_DIR = tmp_path / "runs"
     settings.LIGHTNING_MODELS_DIR = tiny_model.parent
     (tmp_path / "harness.py").write_text(HARNESS)
-    harness = services.create_harness(alice, name="one-call", timeout_s=120,
+    harness = catalog_services.create_harness(alice, name="one-call", timeout_s=120,
                                       command=["python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"])
     rows = [f'{{"id": "t{i}", "question": "{"same" if f"t{i}" in CONSTANT else "say"} {i}", '
             f'"split": "{"val" if i < 2 else "train"}"}}' for i in range(8)]
-    dataset = services.create_dataset(alice, name="mixed", content="\n".join(rows).encode(), filename="t.jsonl")
-    reward = services.create_reward_script(alice, name="half-constant", source=REWARD)
+    dataset = catalog_services.create_dataset(alice, name="mixed", content="\n".join(rows).encode(), filename="t.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="half-constant", source=REWARD)
     config = {"steps": 2, "tasks_per_step": 2, "group_size": 2, "max_model_len": 512, "kv_cache_gb": 0.5,
               "eval_tasks": 0, "learning_rate": 1e-4, "dynamic_sampling": True, "dynamic_sampling_max_extra": 2.0}
     run = services.create_run(alice, name="dynamic", model=str(tiny_model), harness=harness, dataset=dataset,

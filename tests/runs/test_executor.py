@@ -4,7 +4,8 @@ import sys
 import time
 
 from common.procs import pids_matching
-from runs.executor import TAIL_BYTES, Attempt, LocalExecutor
+from sandbox.executors.base import TAIL_BYTES, Attempt
+from sandbox.executors.local import LocalExecutor
 
 
 def attempt(tmp_path, script, timeout_s=10, **extra):

@@ -18,12 +18,15 @@ from django.db import connections
 from django.test import Client
 from django.utils.html import escape
 
+from catalog import services as catalog_services
+from catalog.models import Harness, Task
 from runs import services
-from runs.executor import Attempt, LocalExecutor
-from runs.executors import ExecutorSetupError, for_harness
-from runs.executors import kubernetes as k8s
 from runs.harness_source import HarnessSource
-from runs.models import Harness, Rollout, Task
+from runs.models import Rollout
+from sandbox.executors import for_harness
+from sandbox.executors import kubernetes as k8s
+from sandbox.executors.base import Attempt, ExecutorSetupError
+from sandbox.executors.local import LocalExecutor
 from tests.conformance.conftest import tiny_tokenizer_dir  # noqa: F401 (fixture)
 
 JOBS = kmock.resource("batch/v1/jobs")
@@ -399,7 +402,7 @@ SOLVER = "import json, sys; task = json.load(open(sys.argv[1])); " \
 async def test_a_rollout_of_a_kubernetes_harness_is_recorded_and_scored(cluster, alice, make_dataset, make_reward,
                                                                          tmp_path):
     """HarnessSource runs a kubernetes harness as it runs a local one: the rollout row gets the reward."""
-    harness = await sync_to_async(services.create_harness)(
+    harness = await sync_to_async(catalog_services.create_harness)(
         alice, name="pod", command=[sys.executable, "-c", braces(SOLVER), "{task_file}", "{output_file}"],
         executor="kubernetes", image="ghcr.io/me/solver:1", timeout_s=60)
     dataset, reward = await sync_to_async(make_dataset)(alice), await sync_to_async(make_reward)(alice)
@@ -556,7 +559,7 @@ def test_the_harness_page_shows_the_error_beside_its_field(alice, overrides, fie
 
 @pytest.mark.django_db
 def test_a_run_of_a_kubernetes_harness_snapshots_image_and_resources(alice, make_dataset, make_reward):
-    harness = services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1",
+    harness = catalog_services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1",
                                       resources={"cpu": "1", "memory": "1Gi"})
     run = services.create_run(alice, name="k8s", model="tiny", config={}, harness=harness,
                               dataset=make_dataset(alice), reward_script=make_reward(alice))

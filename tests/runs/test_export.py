@@ -9,7 +9,8 @@ from django.test import AsyncClient
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from runs import export, rollout_services
+from dashboard import export
+from runs import rollout_services
 from runs.models import ModelCall, Rollout, Sample
 from tests.runs.export_seed import chat_call, seed_export_run
 

@@ -5,8 +5,10 @@ import json
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from runs import services
-from runs.models import Dataset, ModelCall, Sample, Task
+from catalog import services as catalog_services
+from catalog.models import Dataset, Task
+from common import errors as common_errors
+from runs.models import ModelCall, Sample
 from tests.runs.export_seed import seed_export_run
 
 pytestmark = pytest.mark.django_db
@@ -60,8 +62,8 @@ def test_an_export_uploaded_on_the_page_is_a_dataset_of_trajectories(client, exp
 def test_a_file_mixing_export_records_and_tasks_is_refused_line_by_line(alice, exported):
     _, rows, content = exported
     bad = content + b'{"id": "t9", "question": "2+2"}\n' + content.splitlines()[0] + b"\n"
-    with pytest.raises(services.DatasetRejected) as refused:
-        services.create_dataset(alice, name="mixed", content=bad, filename="mixed.jsonl")
+    with pytest.raises(common_errors.DatasetRejected) as refused:
+        catalog_services.create_dataset(alice, name="mixed", content=bad, filename="mixed.jsonl")
     assert refused.value.errors == [
         {"line": 4, "error": 'not a rollouts export record (expected "schema": "lightning-web/rollout-export" as on '
                              'the first line)'},
@@ -73,13 +75,13 @@ def test_an_unknown_export_version_is_refused(alice, exported):
     _, _, content = exported
     first = json.loads(content.splitlines()[0])
     first["version"] = 99
-    with pytest.raises(services.DatasetRejected) as refused:
-        services.create_dataset(alice, name="future", content=json.dumps(first).encode(), filename="f.jsonl")
+    with pytest.raises(common_errors.DatasetRejected) as refused:
+        catalog_services.create_dataset(alice, name="future", content=json.dumps(first).encode(), filename="f.jsonl")
     assert refused.value.errors == [{"line": 1, "error": "export version 99 is not one of [1]"}]
 
 
 def test_a_task_file_that_mentions_the_schema_is_still_a_task_file(alice):
     content = b'{"id": "a", "note": "lightning-web/rollout-export", "answer": 1}\n'
-    dataset = services.create_dataset(alice, name="plain", content=content, filename="t.jsonl")
+    dataset = catalog_services.create_dataset(alice, name="plain", content=content, filename="t.jsonl")
     assert list(Task.objects.filter(dataset=dataset).values_list("external_id", "data")) == [
         ("a", {"id": "a", "note": "lightning-web/rollout-export", "answer": 1})]

@@ -10,11 +10,11 @@ import pytest
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs.executor import Outcome
-from runs.models import Rollout, Run
 from runs.harness_source import HarnessSource, failure_of
+from runs.models import Rollout, Run
 from runs.recorder import DjangoRecorder, cached_directory
-from tests.proxy.fake_upstream import Fault, FakeVLLM
+from sandbox.executors.base import Outcome
+from tests.proxy.fake_upstream import FakeVLLM, Fault
 from trainer.config import TrainerConfig
 from trainer.samples import CallRecord
 

@@ -3,16 +3,17 @@ the task function (no Celery) on a real harness script through the proxy and the
 import json
 import sys
 import textwrap
-
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 from django.utils.html import escape
 
-from runs import check_services, harness_templates, services
+from catalog import harness_templates
+from catalog.models import Harness
+from runs import check_services, services
 from runs.check_tasks import run_harness_check
-from runs.models import CheckStatus, Harness, HarnessCheck
+from runs.models import CheckStatus, HarnessCheck
 from tests.runs.test_harness_check_api import models_dir, tokenizer_registry  # noqa: F401  (a real tokenizer)
 from trainer.engine import default_engine_venv
 

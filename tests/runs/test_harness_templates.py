@@ -8,10 +8,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from runs import harness_templates
-from runs.executor import PLACEHOLDERS
-from runs.models import Harness
-from runs.services import ServiceError
+from catalog import harness_templates
+from catalog.models import Harness
+from common.errors import ServiceError
+from sandbox.executors.base import PLACEHOLDERS
 
 pytestmark = pytest.mark.django_db
 
@@ -96,7 +96,7 @@ def test_add_for_makes_the_users_own_harness_once(templates_dir, alice, bob):
 
 
 def test_ensure_for_adds_what_is_missing_and_keeps_an_edited_one(templates_dir, alice):
-    from runs import services
+    from catalog import services
 
     made = harness_templates.ensure_for(alice)
     assert [h.name for h in made] == ["toy"]

@@ -4,10 +4,12 @@ import sys
 
 import pytest
 
+from catalog import services as catalog_services
+from catalog.datasets import DEFAULT_HIDDEN_FIELDS, field_names, harness_view, hidden_fields
+from common import errors as common_errors
 from runs import services
-from runs.datasets import DEFAULT_HIDDEN_FIELDS, field_names, harness_view, hidden_fields
-from runs.models import Rollout, Run
 from runs.harness_source import HarnessSource
+from runs.models import Rollout, Run
 
 GOLD = "GOLD-4242"
 TASK = {"id": "t1", "split": "train", "question": "VISIBLE-7777: what is 6 * 7?", "hint": {"unit": "VISIBLE-units"},
@@ -67,7 +69,7 @@ def test_the_run_snapshot_records_the_hidden_fields(alice, make_dataset, make_ha
 
 @pytest.mark.django_db
 def test_the_service_refuses_bad_hidden_fields(alice, make_dataset):
-    with pytest.raises(services.ServiceError, match='hidden_fields: every field name must be a non-empty string'):
+    with pytest.raises(common_errors.ServiceError, match='hidden_fields: every field name must be a non-empty string'):
         make_dataset(alice, hidden_fields=["rubric", ""])
 
 
@@ -109,12 +111,12 @@ PLACEHOLDERS = ["{task_file}", "{output_file}", "{task_id}", "{workdir}", "{base
 def snoop_run(alice, tmp_path):
     """A run whose harness snoops (every placeholder in argv and env) on a dataset with gold in five fields."""
     (tmp_path / "snoop.py").write_text(SNOOP)
-    harness = services.create_harness(alice, name="snoop", command=[sys.executable, str(tmp_path / "snoop.py"),
+    harness = catalog_services.create_harness(alice, name="snoop", command=[sys.executable, str(tmp_path / "snoop.py"),
                                                                     *PLACEHOLDERS],
                                       env={f"COPY_{i}": p for i, p in enumerate(PLACEHOLDERS)}, timeout_s=60)
-    dataset = services.create_dataset(alice, name="gold", content=json.dumps(TASK).encode(), filename="t.jsonl",
+    dataset = catalog_services.create_dataset(alice, name="gold", content=json.dumps(TASK).encode(), filename="t.jsonl",
                                       hidden_fields=["rubric"])
-    reward = services.create_reward_script(alice, name="gold", source=REWARD)
+    reward = catalog_services.create_reward_script(alice, name="gold", source=REWARD)
     run = services.create_run(alice, name="snoop", model="tiny", config={}, harness=harness, dataset=dataset,
                               reward_script=reward)
     return run, dataset.tasks.get()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from catalog import services as catalog_services
 from runs import services
 from runs.models import Run
 from tests.workers import REAL_RUN_MARKS, Workers, wait_db
@@ -49,11 +50,11 @@ def workers(tmp_path, test_redis, settings):
 
 
 def run_on_worker(alice, tmp_path, workers, env: dict) -> Run:
-    harness = services.create_harness(alice, name="one-call", timeout_s=120, command=[
+    harness = catalog_services.create_harness(alice, name="one-call", timeout_s=120, command=[
         "python3", str(tmp_path / "harness.py"), "{task_file}", "{output_file}"])
     tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "train"}}' for i in range(4))
-    dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
-    reward = services.create_reward_script(alice, name="even", source=REWARD)
+    dataset = catalog_services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+    reward = catalog_services.create_reward_script(alice, name="even", source=REWARD)
     model = str(Path(workers.env["LIGHTNING_MODELS_DIR"]) / "tiny-real")
     run = services.create_run(alice, name="formats", model=model, harness=harness, dataset=dataset,
                               reward_script=reward, config=CONFIG)

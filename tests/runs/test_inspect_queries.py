@@ -1,10 +1,11 @@
-"""runs.inspect_queries: the validation grid's cells and flips, a step's groups, drops and timeline, fixed queries."""
+"""dashboard.inspect_queries: the validation grid's cells and flips, a step's groups, drops and timeline, fixed queries."""
 from __future__ import annotations
 
 import pytest
 
+from dashboard import inspect_queries
 from proxy.types import RecordedCall
-from runs import inspect_queries, rollout_services, services
+from runs import rollout_services, services
 from runs.models import Rollout, RunEvent, RunStatus
 
 pytestmark = pytest.mark.django_db

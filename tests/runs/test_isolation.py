@@ -1,4 +1,4 @@
-"""Isolation of user code (runs.isolation): every attack of tests/isolation_attacks.py fails for a reward script
+"""Isolation of user code (sandbox.isolation): every attack of tests/isolation_attacks.py fails for a reward script
 and for a harness, the next score and attempt still work, a harness reaches its proxy and nothing else, and where
 bubblewrap cannot run user code is refused unless LIGHTNING_UNSAFE_LOCAL_EXEC=1 (test_isolation_refusal.py)."""
 import asyncio
@@ -9,12 +9,20 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
-from runs import harness_templates, isolation
-from runs.executor import LocalExecutor
-from runs.sandbox import score
-from tests.isolation_attacks import ATTACKS, REWARD_LIMITS, harness_attempt, run_harness, run_reward, still_works
+from catalog import harness_templates
+from sandbox import isolation
+from sandbox.executors.local import LocalExecutor
+from sandbox.scoring import score
+from tests.isolation_attacks import (
+    ATTACKS,
+    REWARD_LIMITS,
+    harness_attempt,
+    run_harness,
+    run_reward,
+    still_works,
+    tmp_mount_points,
+)
 from tests.isolation_attacks import targets as make_targets
-from tests.isolation_attacks import tmp_mount_points
 
 pytestmark = pytest.mark.skipif(not isolation.probe(isolation.bwrap_path() or "bwrap")[0],
                                 reason="bubblewrap cannot run on this machine (test_isolation_refusal.py covers that)")
@@ -177,7 +185,7 @@ def test_the_cross_run_key_attacks_of_the_isolation_bench_all_stop():
 def test_without_a_memory_cgroup_a_harness_is_held_by_its_address_space(targets, monkeypatch):
     """Issue 26.6: where no memory cgroup is writable, RLIMIT_AS bounds the harness (a looser bound, and what the
     run's isolation line then says)."""
-    from runs import isolation
+    from sandbox import isolation
     from tests.isolation_attacks import ATTACKS, run_harness
 
     ctx, tmp = targets

@@ -6,11 +6,12 @@ import sys
 import pytest
 from django.utils.html import escape
 
-from runs import isolation
-from runs.executor import Attempt, LocalExecutor
 from runs.models import Run
 from runs.orchestrator import RunSetupError, record_isolation
-from runs.sandbox import Limits, score
+from sandbox import isolation
+from sandbox.executors.base import Attempt
+from sandbox.executors.local import LocalExecutor
+from sandbox.scoring import Limits, score
 
 LIMITS = Limits(timeout_s=5, memory_mb=256, output_bytes=4096)
 REFUSED = "user code is not run: bubblewrap cannot isolate it on this machine (/nonexistent/bwrap: [Errno 2] No such"

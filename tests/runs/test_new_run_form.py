@@ -7,8 +7,8 @@ import re
 import pytest
 from django.utils.html import escape
 
+from dashboard.forms import config_field_docs
 from runs import services
-from runs.forms import config_field_docs
 from runs.models import Run
 from trainer.config import TrainerConfig
 

@@ -2,8 +2,8 @@
 per task and temperature beside the signal share of the user's last run of that preset."""
 import pytest
 
+from dashboard.forms import CONFIG_FIELDS
 from runs import presets, services
-from runs.forms import CONFIG_FIELDS
 from runs.management.commands.load_demo import ensure_demo, start_demo_run
 from runs.models import Run
 from tests.runs.test_demo import demo_model  # noqa: F401 (a registry of its own holding the demo's model)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from catalog import services as catalog_services
 from common import procs
 from runs import services
 from runs.models import ModelCall, Rollout, Run, Sample
@@ -51,13 +52,13 @@ def run_of(alice, tmp_path, tiny_model, settings):
     (tmp_path / "harness.py").write_text(HARNESS)
 
     def make(config):
-        harness = services.create_harness(alice, name="two-turns", timeout_s=120,
+        harness = catalog_services.create_harness(alice, name="two-turns", timeout_s=120,
                                           command=["python3", str(tmp_path / "harness.py"), "{task_file}",
                                                    "{output_file}"])
         tasks = "\n".join(f'{{"id": "t{i}", "question": "say {i}", "split": "{"val" if i < 2 else "train"}"}}'
                           for i in range(8))
-        dataset = services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
-        reward = services.create_reward_script(alice, name="even", source=REWARD)
+        dataset = catalog_services.create_dataset(alice, name="words", content=tasks.encode(), filename="t.jsonl")
+        reward = catalog_services.create_reward_script(alice, name="even", source=REWARD)
         return services.create_run(alice, name="cpu-run", model=str(tiny_model), harness=harness, dataset=dataset,
                                    reward_script=reward, config={"steps": 2, "tasks_per_step": 2, "group_size": 2,
                                                                  "max_model_len": 512, "kv_cache_gb": 0.5,

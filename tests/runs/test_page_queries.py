@@ -13,8 +13,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import NoReverseMatch, reverse
 
+from catalog import services as catalog_services
+from dashboard import rollout_queries
 from proxy.types import RecordedCall
-from runs import rollout_queries, rollout_services, services
+from runs import rollout_services, services
 from runs.models import Rollout, RunStatus, Sample
 
 pytestmark = pytest.mark.django_db
@@ -102,10 +104,10 @@ def running_run(owner, name, harness, dataset, reward, rollouts: int, calls: int
 def side(django_user_model, make_dataset, name: str, rollouts: int, calls: int, runs: int = 2) -> Side:
     """A user with `runs` runs: the first has `rollouts` x `calls`, the others 3 x 2."""
     user = django_user_model.objects.create_user(name, password=f"{name}-password-123")
-    harness = services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}"])
+    harness = catalog_services.create_harness(user, name="agent", command=["python", "agent.py", "{task_file}"])
     dataset = make_dataset(user, tasks=[{"id": f"t{i}", "question": f"{i}+1", "answer": i + 1,
                                          "split": "val" if i % 5 == 0 else "train"} for i in range(rollouts + 1)])
-    reward = services.create_reward_script(user, name="exact", source="def reward(task, outcome):\n    return 1.0\n")
+    reward = catalog_services.create_reward_script(user, name="exact", source="def reward(task, outcome):\n    return 1.0\n")
     run, rollout = running_run(user, "main", harness, dataset, reward, rollouts, calls)
     others = [running_run(user, f"other {i}", harness, dataset, reward, 3, 2)[0] for i in range(runs - 1)]
     client = Client()

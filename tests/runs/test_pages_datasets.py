@@ -7,9 +7,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from runs import services
-from runs.models import Dataset, Task
-from runs.pages.datasets import TASKS_PER_PAGE, json_chunks
+from catalog import services as catalog_services
+from catalog.models import Dataset, Task
+from catalog.pages.datasets import TASKS_PER_PAGE, json_chunks
+from common import errors as common_errors
 
 pytestmark = pytest.mark.django_db
 
@@ -248,8 +249,8 @@ def test_a_dataset_a_run_uses_is_not_deleted(alice_client, alice, make_run):
 
 def test_delete_dataset_service_checks_the_owner(alice, bob, make_dataset):
     dataset = make_dataset(alice)
-    with pytest.raises(services.NotOwned):
-        services.delete_dataset(dataset, bob)
+    with pytest.raises(common_errors.NotOwned):
+        catalog_services.delete_dataset(dataset, bob)
     assert Dataset.objects.filter(pk=dataset.pk).exists()
 
 

@@ -7,11 +7,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils.html import escape
 
+from api.catalog_serializers import HARNESS_PLACEHOLDERS
+from catalog import services as catalog_services
+from catalog.models import Harness
+from common import errors as common_errors
 from runs import services
-from runs.api.serializers import HARNESS_PLACEHOLDERS
-from runs.executor import Attempt, LocalExecutor
-from runs.models import Harness
-from runs.executor import PLACEHOLDERS as PLACEHOLDER_MEANINGS
+from sandbox.executors.base import PLACEHOLDERS as PLACEHOLDER_MEANINGS
+from sandbox.executors.base import Attempt
+from sandbox.executors.local import LocalExecutor
 
 pytestmark = pytest.mark.django_db
 
@@ -260,8 +263,8 @@ def test_argv_env_and_description_are_escaped(client, alice, make_harness):
 
 def test_the_delete_services_refuse_another_users_object(alice, bob, make_harness, make_reward):
     harness, script = make_harness(alice), make_reward(alice)
-    with pytest.raises(services.NotOwned):
-        services.delete_harness(harness, bob)
-    with pytest.raises(services.NotOwned):
-        services.delete_reward_script(script, bob)
+    with pytest.raises(common_errors.NotOwned):
+        catalog_services.delete_harness(harness, bob)
+    with pytest.raises(common_errors.NotOwned):
+        catalog_services.delete_reward_script(script, bob)
     assert Harness.objects.filter(pk=harness.pk).exists() and type(script).objects.filter(pk=script.pk).exists()

@@ -5,9 +5,10 @@ from unittest import mock
 import pytest
 from django.test import Client
 
+from catalog import model_imports
+from catalog.pages.models import human_count
 from lightning_web.celery import app as celery_app
-from runs import model_imports, tasks
-from runs.pages.models import human_count
+from catalog import tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -34,8 +35,8 @@ def registry(settings, tmp_path, models_dir):
 def queued(monkeypatch):
     """What start_import hands to Celery, kept instead of sent: (name, import_id, queue)."""
     sent = []
-    monkeypatch.setattr(tasks.import_model, "apply_async",
-                        lambda args, queue: sent.append((*args, queue)))
+    monkeypatch.setattr(model_imports, "send_task",
+                        lambda name, args, queue: sent.append((*args, queue)))
     return sent
 
 
@@ -169,7 +170,7 @@ def test_a_lost_import_counts_as_failed(alice_client, registry, queued):
 
 
 def test_the_import_task_is_routed_to_the_default_queue():
-    assert celery_app.conf.task_default_queue == "default" and "runs.tasks.import_model" not in (
+    assert celery_app.conf.task_default_queue == "default" and "catalog.tasks.import_model" not in (
         celery_app.conf.task_routes or {})
 
 

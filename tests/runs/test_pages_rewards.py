@@ -10,10 +10,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils.html import escape
 
-from runs.executor import _read_outcome
-from runs.models import RewardScript
-from runs.pages.resource_forms import outcome_from_text
-from runs.reward_tests import run_reward_test
+from catalog.models import RewardScript
+from catalog.pages.resource_forms import outcome_from_text
+from catalog.reward_tests import run_reward_test
+from sandbox.executors.base import _read_outcome
 
 pytestmark = pytest.mark.django_db
 
@@ -216,7 +216,7 @@ def test_plain_text_and_other_json_outcomes_are_wrapped_as_a_run_wraps_them(clie
 
 @pytest.mark.parametrize("text", ['{"answer": 4}', '{"answer": 4, "exit_code": 3}', "[1, 2]", '"4"', "plain text", ""])
 def test_the_outcome_rule_is_the_executors(text):
-    """outcome_from_text(text) is what runs.executor reads from an output file holding `text` (exit code 0)."""
+    """outcome_from_text(text) is what sandbox.executors.local reads from an output file holding `text` (exit code 0)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "output.json"
         if text:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from runs import harness_templates
+from catalog import harness_templates
+from catalog import services as catalog_services
+from runs import services
 from runs.management.commands.load_demo import ensure_repo_suite
 from runs.models import ModelCall, Rollout, Run, Sample
-from runs import services
 from tests.workers import REAL_RUN_MARKS, Workers, wait_db
 
 pytestmark = REAL_RUN_MARKS
@@ -92,7 +93,7 @@ def test_mini_swe_agent_template_trains_on_the_repository_suite(alice, tmp_path,
     suite, reward = ensure_repo_suite(alice)  # the suite and its reward script, as `up` loads them
     # The run draws from 16 of the suite's train tasks, the ones the tiny model was taught the agent's turns on.
     train = [t.data for t in suite.tasks.filter(split="train").order_by("index")[:16]]
-    dataset = services.create_dataset(alice, name="repo-tasks-16", filename="tasks.jsonl",
+    dataset = catalog_services.create_dataset(alice, name="repo-tasks-16", filename="tasks.jsonl",
                                       content="\n".join(json.dumps(t) for t in train).encode())
     teach_agent_turns(Path(settings.LIGHTNING_MODELS_DIR) / "tiny-agent", train)
     harness = harness_templates.add_for(alice, "mini-swe-agent-text")

@@ -3,8 +3,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from common import errors as services
 from proxy.types import RecordedCall
-from runs import rollout_services, services
+from runs import rollout_services
 from runs.models import ModelCall, Rollout, RunEvent
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from catalog.models import Task
 from proxy.types import RecordedCall
 from runs import rollout_services
-from runs.models import Task
 from tests.runs.test_rollouts_table import call
 
 pytestmark = pytest.mark.django_db
@@ -299,7 +299,7 @@ def test_a_text_agents_commands_outputs_and_fork_are_marked(client, alice, make_
 
 
 def test_turn_command_parsing():
-    from runs.conversations import Turn
+    from dashboard.conversations import Turn
 
     turn = Turn("assistant", "T\n```bash\nls -la\n```\nthen\n```mswea_bash_command\nsed -i 's/a/b/' f\n```")
     assert turn.commands == ("ls -la", "sed -i 's/a/b/' f")

@@ -6,9 +6,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from catalog.models import Task
 from proxy.types import RecordedCall
 from runs import rollout_services
-from runs.models import Rollout, Task
+from runs.models import Rollout
 
 pytestmark = pytest.mark.django_db
 

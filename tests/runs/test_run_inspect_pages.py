@@ -10,10 +10,20 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from runs import inspect_queries, rollout_services, services
+from dashboard import inspect_queries
+from runs import rollout_services, services
 from runs.models import Metric, Rollout, Sample
 from tests.runs.test_inspect_queries import (  # noqa: F401 (fixtures)
-    TRAIN, VAL, evaluate, evaluated, fill_step, recorded, run, stepped, train_rollout)
+    TRAIN,
+    VAL,
+    evaluate,
+    evaluated,
+    fill_step,
+    recorded,
+    run,
+    stepped,
+    train_rollout,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -7,9 +7,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from dashboard.pages.run_page import duration_text
 from runs import services
 from runs.models import Run
-from runs.pages.run_page import duration_text
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from runs import rollout_services, run_summaries, services
+from dashboard import run_summaries
+from runs import rollout_services, services
 from runs.models import Metric, Run
 
 pytestmark = pytest.mark.django_db

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from runs.sandbox import Limits, score
+from sandbox.scoring import Limits, score
 from tests.isolation_attacks import tmp_mount_points
 
 FAST = Limits(timeout_s=2, memory_mb=256, output_bytes=4096)

@@ -1,6 +1,8 @@
 """Run state machine, ownership and events, through runs.services."""
 import pytest
 
+from catalog import services as catalog_services
+from common import errors as common_errors
 from proxy.auth import key_matches
 from runs import rollout_services, services
 from runs.models import Rollout, Run, RunEvent, RunStatus
@@ -49,7 +51,7 @@ def test_it_refuses_transitions_outside_the_table(alice, make_run, path, bad):
     for status in path:
         services.transition_run(run.pk, status)
     before = Run.objects.get(pk=run.pk)
-    with pytest.raises(services.InvalidTransition, match=f"cannot go from {before.status} to {bad}"):
+    with pytest.raises(common_errors.InvalidTransition, match=f"cannot go from {before.status} to {bad}"):
         services.transition_run(run.pk, bad)
     after = Run.objects.get(pk=run.pk)
     assert after.status == before.status and after.event_seq == before.event_seq
@@ -86,21 +88,21 @@ def test_cancel_of_a_running_run_asks_the_worker(alice, make_run):
     services.transition_run(run.pk, "running")
     run = services.cancel_run(run, alice)
     assert run.status == "cancelling"
-    with pytest.raises(services.InvalidTransition, match="only queued, starting or running"):
+    with pytest.raises(common_errors.InvalidTransition, match="only queued, starting or running"):
         services.cancel_run(run, alice)
 
 
 def test_cancel_of_a_finished_run_is_refused(alice, make_run):
     run = make_run(alice)
     services.transition_run(run.pk, "failed")
-    with pytest.raises(services.InvalidTransition):
+    with pytest.raises(common_errors.InvalidTransition):
         services.cancel_run(run, alice)
     assert Run.objects.get(pk=run.pk).status == "failed"
 
 
 def test_only_the_owner_or_staff_may_cancel(alice, bob, staff, make_run):
     run = make_run(alice)
-    with pytest.raises(services.NotOwned):
+    with pytest.raises(common_errors.NotOwned):
         services.cancel_run(run, bob)
     assert Run.objects.get(pk=run.pk).status == "queued"
     assert services.cancel_run(run, staff).status == "cancelled"
@@ -108,14 +110,14 @@ def test_only_the_owner_or_staff_may_cancel(alice, bob, staff, make_run):
 
 def test_a_run_cannot_use_another_users_objects(alice, bob, make_harness, make_dataset, make_reward):
     harness = make_harness(bob)
-    with pytest.raises(services.NotOwned, match="does not belong to you"):
+    with pytest.raises(common_errors.NotOwned, match="does not belong to you"):
         services.create_run(alice, name="x", model="tiny", config={}, harness=harness,
                             dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert Run.objects.count() == 0
 
 
 def test_a_bad_config_is_refused_with_the_field_named(alice, make_harness, make_dataset, make_reward):
-    with pytest.raises(services.ServiceError, match="config: .*stepz"):
+    with pytest.raises(common_errors.ServiceError, match="config: .*stepz"):
         services.create_run(alice, name="x", model="tiny", config={"stepz": 3}, harness=make_harness(alice),
                             dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert Run.objects.count() == 0
@@ -123,14 +125,14 @@ def test_a_bad_config_is_refused_with_the_field_named(alice, make_harness, make_
 
 def test_a_dataset_without_train_tasks_cannot_run(alice, make_harness, make_dataset, make_reward):
     dataset = make_dataset(alice, tasks=[{"q": 1, "split": "val"}])
-    with pytest.raises(services.ServiceError, match="no train tasks"):
+    with pytest.raises(common_errors.ServiceError, match="no train tasks"):
         services.create_run(alice, name="x", model="tiny", config={}, harness=make_harness(alice), dataset=dataset,
                             reward_script=make_reward(alice))
 
 
 def test_clone_copies_settings_and_takes_current_versions(alice, make_run):
     run = make_run(alice, config={"steps": 7})
-    services.update_harness(run.harness, command=["python", "agent2.py"])
+    catalog_services.update_harness(run.harness, command=["python", "agent2.py"])
     clone = services.clone_run(run, alice)
     assert clone.pk != run.pk and clone.status == "queued" and clone.cloned_from_id == run.pk
     assert clone.name == "run (clone)" and clone.config == run.config
@@ -140,9 +142,9 @@ def test_clone_copies_settings_and_takes_current_versions(alice, make_run):
 
 def test_versions_go_up_only_when_snapshotted_fields_change(alice, make_harness):
     harness = make_harness(alice)
-    assert services.update_harness(harness, description="renamed docs").version == 1
-    assert services.update_harness(harness, timeout_s=5).version == 2
-    assert services.update_harness(harness, timeout_s=5).version == 2
+    assert catalog_services.update_harness(harness, description="renamed docs").version == 1
+    assert catalog_services.update_harness(harness, timeout_s=5).version == 2
+    assert catalog_services.update_harness(harness, timeout_s=5).version == 2
 
 
 def test_event_seqs_are_gapless_per_run(alice, make_run):

@@ -6,8 +6,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from catalog import tokenizers
 from proxy.types import RecordedCall
-from runs import rollout_services, tokenizers
+from runs import rollout_services
 from runs.models import ModelCall, Run, Sample
 from tests.runs.test_tokenizers import tiny_tokenizer_dir  # noqa: F401  (a fixture)
 from trainer.samples import CallRecord, build_samples

@@ -1,4 +1,4 @@
-"""runs.tokenizers: the model folder's tokenizer, cached per folder version; the text each token adds."""
+"""catalog.tokenizers: the model folder's tokenizer, cached per folder version; the text each token adds."""
 import os
 import random
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import tokenizers
+from catalog import tokenizers
 
 CHAT = 'héllo 世界 <|im_start|>user\n  def x():\n\treturn 1 🎉<tool_call>{"a": 1}</tool_call><|im_end|>\n'
 
@@ -97,7 +97,7 @@ def test_a_tokenizer_without_byte_level_decodes_incrementally(metaspace_tokenize
 
 
 def test_it_loads_a_folder_once_and_again_after_it_changes(tiny_tokenizer_dir, caplog):
-    caplog.set_level("INFO", logger="runs.tokenizers")
+    caplog.set_level("INFO", logger="catalog.tokenizers")
     first = tokenizers.load_tokenizer(str(tiny_tokenizer_dir))
     assert first.tokenizer is not None and first.note == ""
     assert tokenizers.load_tokenizer(str(tiny_tokenizer_dir)) is first
@@ -110,7 +110,7 @@ def test_it_loads_a_folder_once_and_again_after_it_changes(tiny_tokenizer_dir, c
 
 
 def test_threads_asking_for_a_cold_tokenizer_load_it_once(tiny_tokenizer_dir, caplog):
-    caplog.set_level("INFO", logger="runs.tokenizers")
+    caplog.set_level("INFO", logger="catalog.tokenizers")
     got, barrier = [], threading.Barrier(6)
 
     def ask():
@@ -164,7 +164,7 @@ def test_texts_are_cached_per_sample_and_tokenizer_version(tiny_tokenizer_dir):
 
 
 def test_warm_up_imports_transformers_in_the_background():
-    code = ("import sys; from runs.tokenizers import warm_up; assert 'transformers' not in sys.modules; "
+    code = ("import sys; from catalog.tokenizers import warm_up; assert 'transformers' not in sys.modules; "
             "warm_up().join(); print('transformers.models.auto.tokenization_auto' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=str(Path(__file__).resolve().parents[2]))

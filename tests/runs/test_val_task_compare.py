@@ -5,8 +5,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from catalog.models import Task
 from runs import rollout_services
-from runs.models import Task
 from tests.runs.test_rollout_page import XSS, agent_calls
 
 pytestmark = pytest.mark.django_db

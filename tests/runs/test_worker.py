@@ -4,6 +4,7 @@ import time
 import pytest
 from celery.contrib.testing.worker import start_worker
 
+from catalog import services as catalog_services
 from lightning_web.celery import app
 from runs import services
 from runs.models import Run
@@ -65,14 +66,14 @@ def test_a_missing_run_is_ignored():
 
 def test_a_kubernetes_harness_pods_cannot_reach_is_refused_with_the_fix(alice, make_dataset, make_reward, tmp_path,
                                                                         settings):
-    from runs.models import Harness
+    from catalog.models import Harness
 
     settings.LIGHTNING_PROXY_HOST, settings.LIGHTNING_PROXY_ADVERTISE_URL = "127.0.0.1", ""  # a loopback proxy
     settings.LIGHTNING_MODELS_DIR = tmp_path  # a registry of its own holding the model folder `m`
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
-    harness = services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1")
+    harness = catalog_services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1")
     run = services.create_run(alice, name="k8s", model=str(tmp_path / "m"), config={}, harness=harness,
                               dataset=make_dataset(alice), reward_script=make_reward(alice))
     assert execute_run.apply(args=[run.pk]).get() == "failed"

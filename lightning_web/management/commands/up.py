@@ -14,9 +14,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
+from catalog.management.commands.models import ensure_smollm2
 from lightning_web import embedded_redis
 from lightning_web.supervisor import Supervisor
-from runs.management.commands.models import ensure_smollm2
 
 
 class Command(BaseCommand):

@@ -16,9 +16,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
+from catalog import services as catalog_services
+from catalog.models import Dataset, Harness, RewardScript
+from common import errors as common_errors
 from common import procs
 from runs import presets, services
-from runs.models import Dataset, Harness, RewardScript, Run
+from runs.models import Run
 
 DEMO = settings.BASE_DIR / "examples" / "arith"
 PRESET_FILE = DEMO / "preset.json"
@@ -35,17 +38,17 @@ def demo_preset() -> dict[str, Any]:
 def ensure_demo(user) -> tuple[Harness, Dataset, RewardScript]:
     """The user's demo harness, dataset and reward script, created where missing (existing ones are kept)."""
     preset = demo_preset()
-    harness = Harness.objects.filter(owner=user, name=preset["harness"]).first() or services.create_harness(
+    harness = Harness.objects.filter(owner=user, name=preset["harness"]).first() or catalog_services.create_harness(
         user, name=preset["harness"], description="Demo: CALC/RESULT/ANSWER word-problem agent (examples/arith)",
         command=[sys.executable, str(DEMO / "agent.py"), "--task", "{task_file}", "--out", "{output_file}"],
         env={}, timeout_s=300)
-    dataset = Dataset.objects.filter(owner=user, name=preset["dataset"]).first() or services.create_dataset(
+    dataset = Dataset.objects.filter(owner=user, name=preset["dataset"]).first() or catalog_services.create_dataset(
         user, name=preset["dataset"], content=(DEMO / "tasks.jsonl").read_bytes(), filename="tasks.jsonl",
         description="500 two-number word problems, 100 of them val: the val tasks use wordings no train task uses "
                     "(examples/arith/make_tasks.py)",
         required_fields=("question", "answer"))
     reward = RewardScript.objects.filter(owner=user, name=preset["reward_script"]).first() or \
-        services.create_reward_script(user, name=preset["reward_script"], source=(DEMO / "reward.py").read_text(),
+        catalog_services.create_reward_script(user, name=preset["reward_script"], source=(DEMO / "reward.py").read_text(),
                                       description="1 for the exact number, else 0")
     return harness, dataset, reward
 
@@ -53,13 +56,13 @@ def ensure_demo(user) -> tuple[Harness, Dataset, RewardScript]:
 def ensure_repo_suite(user) -> tuple[Dataset, RewardScript]:
     """The user's repository task suite (examples/repo_tasks) and its reward script, created where missing: what
     the mini-SWE-agent and OpenCode templates' presets train on. `tests` is hidden from the harness by default."""
-    dataset = Dataset.objects.filter(owner=user, name=REPO_DATASET).first() or services.create_dataset(
+    dataset = Dataset.objects.filter(owner=user, name=REPO_DATASET).first() or catalog_services.create_dataset(
         user, name=REPO_DATASET, content=(REPO_TASKS / "tasks.jsonl").read_bytes(), filename="tasks.jsonl",
         description="Tiny git repositories to fix (wrong operator, off-by-one, missing return, a failing test, a "
                     "computed file, a rename); val templates (wording and scenario) differ from train ones "
                     "(examples/repo_tasks)",
         required_fields=("prompt", "files", "tests"))
-    reward = RewardScript.objects.filter(owner=user, name=REPO_REWARD).first() or services.create_reward_script(
+    reward = RewardScript.objects.filter(owner=user, name=REPO_REWARD).first() or catalog_services.create_reward_script(
         user, name=REPO_REWARD, source=(REPO_TASKS / "reward.py").read_text(),
         description="The fraction of the task's hidden checks that pass on the agent's final files")
     return dataset, reward
@@ -68,7 +71,7 @@ def ensure_repo_suite(user) -> tuple[Dataset, RewardScript]:
 def start_demo_run(user) -> Run:
     """A queued run of the preset for `user` (the demo rows are created first where missing).
 
-    Raises services.ServiceError when it cannot be created, e.g. the model is not in the registry yet.
+    Raises common_errors.ServiceError when it cannot be created, e.g. the model is not in the registry yet.
     """
     preset = demo_preset()
     harness, dataset, reward = ensure_demo(user)
@@ -114,7 +117,7 @@ class Command(BaseCommand):
         if start_run:
             try:
                 run = start_demo_run(user)
-            except services.ServiceError as exc:
+            except common_errors.ServiceError as exc:
                 raise CommandError(f"the demo run could not start: {exc}") from exc
             link = url.rstrip("/") + reverse("run-detail", args=[run.pk])
             self.stdout.write(self.style.SUCCESS(f"Demo run #{run.pk} ({run.model}, {run.config['steps']} steps) "
