@@ -11,7 +11,7 @@ from kubernetes.utils import parse_quantity
 from rest_framework import serializers
 
 from catalog import selectors as catalog_selectors
-from catalog.datasets import DEFAULT_HIDDEN_FIELDS, field_names
+from catalog.datasets import DEFAULT_HIDDEN_FIELDS, SEED_MAX, SEED_MIN, field_names
 from catalog.models import Dataset, Executor, Harness, RewardScript, Task
 from sandbox import isolation
 from sandbox.executors.base import PLACEHOLDERS
@@ -253,7 +253,7 @@ class DatasetUploadSerializer(serializers.Serializer):
                                         help_text="Field holding 'train' or 'val' on every task")
     val_ratio = serializers.FloatField(required=False, default=0.1, min_value=0.0, max_value=1.0,
                                        help_text="Share of tasks without a split that go to val (seeded)")
-    seed = serializers.IntegerField(required=False, default=0)
+    seed = serializers.IntegerField(required=False, default=0, min_value=SEED_MIN, max_value=SEED_MAX)
     required_fields = serializers.CharField(required=False, allow_blank=True, default="",
                                             help_text="Comma-separated fields every task must have")
     hidden_fields = FieldNamesField(

@@ -75,6 +75,9 @@ class ParseResult:
             self.errors.append({"line": line, "error": message})
 
 
+SEED_MIN, SEED_MAX = -(2 ** 31), 2 ** 31 - 1
+"""The seeds a dataset row can hold (a 32-bit integer column)."""
+
 @dataclass(frozen=True)
 class UploadOptions:
     split_field: str = ""

@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from catalog.datasets import UploadOptions, field_names, parse_tasks
+from catalog.datasets import SEED_MAX, SEED_MIN, UploadOptions, field_names, parse_tasks
 from catalog.models import Dataset, Harness, RewardScript, Task
 from common.errors import DatasetRejected, InUse, NotOwned, ServiceError
 from runs.models import Run
@@ -104,6 +104,8 @@ def create_dataset(owner, *, name: str, content: bytes, filename: str = "", desc
         hidden_fields = field_names(list(hidden_fields))
     except ValueError as exc:
         raise ServiceError(f"hidden_fields: {exc}") from exc
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise ServiceError(f"seed: {seed} is out of range; give an integer from {SEED_MIN} to {SEED_MAX}")
     if len(content) > settings.LIGHTNING_DATASET_MAX_BYTES:
         raise DatasetRejected([{"line": 0, "error": f"the file is {len(content)} bytes, over the limit of "
                                                     f"{settings.LIGHTNING_DATASET_MAX_BYTES} bytes"}])

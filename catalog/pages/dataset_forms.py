@@ -5,7 +5,7 @@ from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
 
-from catalog.datasets import DEFAULT_HIDDEN_FIELDS, field_names
+from catalog.datasets import DEFAULT_HIDDEN_FIELDS, SEED_MAX, SEED_MIN, field_names
 from catalog.models import Dataset
 
 SPLIT_BY_RATIO = "ratio"
@@ -28,8 +28,8 @@ class DatasetUploadForm(forms.Form):
         min_value=0.0, max_value=1.0, initial=0.1, required=False,
         widget=forms.NumberInput(attrs={"step": "any"}),
         help_text="Share of the tasks that go to val; a task with its own \"split\" field keeps it.")
-    seed = forms.IntegerField(initial=0, required=False, help_text="Seed of the draw: the same file and seed give "
-                                                                   "the same split.")
+    seed = forms.IntegerField(initial=0, required=False, min_value=SEED_MIN, max_value=SEED_MAX,
+                              help_text="Seed of the draw: the same file and seed give the same split.")
     split_field = forms.CharField(
         max_length=100, required=False,
         help_text="Name of the field holding \"train\" or \"val\"; every task must have it.")

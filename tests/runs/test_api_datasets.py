@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from catalog import services as catalog_services
 from catalog.models import Dataset, Task
+from common.errors import ServiceError
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/datasets/"
@@ -48,6 +50,20 @@ def test_a_seeded_ratio_split_is_reproducible(alice_api):
     splits = lambda d: list(Task.objects.filter(dataset_id=d["id"]).values_list("split", flat=True))  # noqa: E731
     assert splits(first) == splits(second) != splits(third)
     assert 30 <= first["val_count"] <= 70 and first["train_count"] + first["val_count"] == 200
+
+
+def test_a_seed_the_column_cannot_hold_is_a_field_error_not_a_500(alice_api, alice):
+    # The API fuzzer found it: seed=-8314293569 reached the database and failed with "integer out of range".
+    content = jsonl({"q": 1}, {"q": 2})
+    for seed in (-8314293569, 2 ** 31):
+        response = upload(alice_api, f"s{seed}", content, val_ratio=0.5, seed=seed)
+        assert response.status_code == 400, response.content
+        assert "seed" in response.json()["error"]["fields"]
+    assert upload(alice_api, "edge", content, val_ratio=0.5, seed=2 ** 31 - 1).status_code == 201
+    with pytest.raises(ServiceError, match="seed: -2147483649 is out of range"):
+        catalog_services.create_dataset(alice, name="direct", content=content.encode() if isinstance(content, str)
+                                        else content, val_ratio=0.5, seed=-(2 ** 31) - 1)
+    assert list(Dataset.objects.values_list("name", flat=True)) == ["edge"]
 
 
 def test_a_split_field_is_required_on_every_line(alice_api):
