@@ -1,4 +1,4 @@
-"""API fuzzing at full count: tests/runs/test_api_fuzz.py with a larger per-operation budget, then its figures.
+"""API fuzzing at full count: tests/api/test_api_fuzz.py with a larger per-operation budget, then its figures.
 
 The test holds the fixture (a user owning a harness, dataset, reward script and run) and pytest-django's throw-away
 database, so this script only sets the budget, runs it and summarises the counts the test writes. Database and Redis
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST = "tests/runs/test_api_fuzz.py::test_every_operation_survives_generated_cases"
+TEST = "tests/api/test_api_fuzz.py::test_every_operation_survives_generated_cases"
 
 
 def run_fuzz(examples: int) -> tuple[dict, float, int]:

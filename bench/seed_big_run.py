@@ -1,6 +1,6 @@
 """Seeding of the dashboard benchmark's runs into the current database: the big run (100,000 calls) and small ones.
 
-bench/dashboard_load.py times the dashboard's pages on them; tests/runs/test_export_memory.py exports the big run.
+bench/dashboard_load.py times the dashboard's pages on them; tests/dashboard/test_export_memory.py exports the big run.
 Django must be set up (and migrated) before these are called.
 
     from bench.seed_big_run import seed_big_run

@@ -1,4 +1,4 @@
-"""Every escape user code might try, in one list: tests/runs/test_isolation.py and bench/isolation_attacks.py run
+"""Every escape user code might try, in one list: tests/sandbox/test_isolation.py and bench/isolation_attacks.py run
 each through the real sandboxes (sandbox.scoring.score for reward scripts, sandbox.executors.local.LocalExecutor for harnesses).
 
 An attack is the source of `attack(ctx)`: it returns what it got when it escaped (a string), None when it was

@@ -8,7 +8,7 @@ import pytest
 from runs import services
 from tests.browser.conftest import browser, live_url, page  # noqa: F401  (the browser fixtures)
 from tests.browser.test_pages_in_chromium import login
-from tests.runs.test_inspect_queries import evaluate, evaluated, run, stepped  # noqa: F401  (the data fixtures)
+from tests.dashboard.test_inspect_queries import evaluate, evaluated, run, stepped  # noqa: F401  (the data fixtures)
 
 pytestmark = pytest.mark.browser
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop in this thread

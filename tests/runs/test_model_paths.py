@@ -129,7 +129,7 @@ def test_cloning_a_run_whose_row_names_a_forbidden_folder_is_refused(alice_api, 
 
 def test_the_new_run_form_offers_own_checkpoints_and_shows_refusals_on_the_model_field(
         client, alice, bob, make_run, alice_checkpoint, make_harness, make_dataset, make_reward):
-    from tests.runs.test_new_run_form import DEFAULTS, config_post
+    from tests.dashboard.test_new_run_form import DEFAULTS, config_post
 
     client.force_login(alice)
     page = client.get("/runs/new/").content.decode()
@@ -147,7 +147,7 @@ def test_the_new_run_form_offers_own_checkpoints_and_shows_refusals_on_the_model
 
 
 def test_the_form_shows_a_refused_clone_model_beside_the_model_field(client, alice, make_run):
-    from tests.runs.test_new_run_form import config_post
+    from tests.dashboard.test_new_run_form import config_post
 
     source = make_run(alice, name="tampered")
     Run.objects.filter(pk=source.pk).update(model="/etc")

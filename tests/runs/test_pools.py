@@ -10,7 +10,7 @@ from django.utils.html import escape
 
 from runs import pools, services, worker_control
 from runs.models import Run
-from tests.runs.test_new_run_form import config_post
+from tests.dashboard.test_new_run_form import config_post
 from tests.workers import ROOT, Workers, wait_db
 from trainer.config import TrainerConfig
 

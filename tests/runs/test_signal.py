@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from runs import rollout_services, services, signal
-from tests.runs.test_rollouts_table import make_rollout
+from tests.dashboard.test_rollouts_table import make_rollout
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 from dashboard import inspect_queries
 from runs import rollout_services, services
 from runs.models import Metric, Rollout, Sample
-from tests.runs.test_inspect_queries import (  # noqa: F401 (fixtures)
+from tests.dashboard.test_inspect_queries import (  # noqa: F401 (fixtures)
     TRAIN,
     VAL,
     evaluate,

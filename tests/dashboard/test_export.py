@@ -12,7 +12,7 @@ from django.urls import reverse
 from dashboard import export
 from runs import rollout_services
 from runs.models import ModelCall, Rollout, Sample
-from tests.runs.export_seed import chat_call, seed_export_run
+from tests.dashboard.export_seed import chat_call, seed_export_run
 
 pytestmark = pytest.mark.django_db
 

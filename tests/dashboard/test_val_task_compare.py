@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from catalog.models import Task
 from runs import rollout_services
-from tests.runs.test_rollout_page import XSS, agent_calls
+from tests.dashboard.test_rollout_page import XSS, agent_calls
 
 pytestmark = pytest.mark.django_db
 

@@ -202,7 +202,7 @@ def test_the_page_takes_the_same_queries_however_big_the_run(client, alice, make
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from tests.runs.test_rollouts_table import make_rollout
+    from tests.dashboard.test_rollouts_table import make_rollout
 
     run = running(make_run, alice)
     client.force_login(alice)

@@ -7,7 +7,7 @@ from runs import presets, services
 from runs.management.commands.load_demo import ensure_demo, start_demo_run
 from runs.models import Run
 from tests.runs.test_demo import demo_model  # noqa: F401 (a registry of its own holding the demo's model)
-from tests.runs.test_new_run_form import config_post, field_html
+from tests.dashboard.test_new_run_form import config_post, field_html
 
 pytestmark = pytest.mark.django_db
 

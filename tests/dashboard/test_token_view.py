@@ -10,7 +10,7 @@ from catalog import tokenizers
 from proxy.types import RecordedCall
 from runs import rollout_services
 from runs.models import ModelCall, Run, Sample
-from tests.runs.test_tokenizers import tiny_tokenizer_dir  # noqa: F401  (a fixture)
+from tests.catalog.test_tokenizers import tiny_tokenizer_dir  # noqa: F401  (a fixture)
 from trainer.samples import CallRecord, build_samples
 
 pytestmark = pytest.mark.django_db

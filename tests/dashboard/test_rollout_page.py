@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from catalog.models import Task
 from proxy.types import RecordedCall
 from runs import rollout_services
-from tests.runs.test_rollouts_table import call
+from tests.dashboard.test_rollouts_table import call
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@
 150 MB at its peak: the rollouts stream from a server-side cursor, their calls and samples a batch at a time.
 
     flock /tmp/lw-heavy.lock env DATABASE_URL=postgresql://postgres@127.0.0.1:5432/lw .venv/bin/python -m pytest \
-        -s -m slow tests/runs/test_export_memory.py      # -s prints the figures
+        -s -m slow tests/dashboard/test_export_memory.py      # -s prints the figures
 """
 import ctypes
 import gc

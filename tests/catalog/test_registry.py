@@ -2,7 +2,7 @@
 import pytest
 
 from runs.models import Run
-from tests.runs.test_new_run_form import DEFAULTS, config_post
+from tests.dashboard.test_new_run_form import DEFAULTS, config_post
 
 pytestmark = pytest.mark.django_db
 

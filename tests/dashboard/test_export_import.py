@@ -9,7 +9,7 @@ from catalog import services as catalog_services
 from catalog.models import Dataset, Task
 from common import errors as common_errors
 from runs.models import ModelCall, Sample
-from tests.runs.export_seed import seed_export_run
+from tests.dashboard.export_seed import seed_export_run
 
 pytestmark = pytest.mark.django_db
 
