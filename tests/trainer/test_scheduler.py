@@ -6,7 +6,8 @@ import pytest
 
 from tests.trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.policy import Policy, pack
+from trainer.packing import pack
+from trainer.policy import Policy
 from trainer.samples import CallRecord, build_samples
 from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, dropped_rollouts, run
 
