@@ -12,7 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from tests.trainer.inprocess import tiny_qwen2  # noqa: E402
-from trainer.policy import micro_batches, pack, token_logprobs  # noqa: E402
+from trainer.packing import micro_batches, pack  # noqa: E402
+from trainer.policy import token_logprobs  # noqa: E402
 from trainer.samples import Sample  # noqa: E402
 
 

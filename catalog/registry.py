@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer.models import ModelInfo, UnsupportedModel, check_trainable, list_models, read_model_info
+from trainer.model_registry import ModelInfo, UnsupportedModel, check_trainable, list_models, read_model_info
 
 
 class UnknownModel(ValueError):

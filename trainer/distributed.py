@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from trainer.algorithms import Metrics
 from trainer.config import TrainerConfig
-from trainer.policy import Policy, _split, micro_batches
+from trainer.packing import micro_batches
+from trainer.policy import Policy, _split
 from trainer.samples import Sample
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import math
 import random
 import shutil
 import time
@@ -19,7 +18,8 @@ from torch import nn
 from trainer.algorithms import broadcast_to_samples, compute_advantages
 from trainer.config import TrainerConfig
 from trainer.policy import Policy
-from trainer.samples import INFRA_FAILURE, POLICY_FAILURE, CallRecord, Decode, Sample, build_samples, drop_reason
+from trainer.samples import INFRA_FAILURE, POLICY_FAILURE, CallRecord, Decode, Sample, build_samples
+from trainer.step_metrics import StepClock, dropped_rollouts, no_signal_reason, rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -129,16 +129,6 @@ class _Group:
         return len(self.results) >= self.request.size
 
 
-def no_signal_reason(rewards: Sequence[float], size: int) -> str:
-    """Why a finished group teaches a group-baseline estimator nothing ('' when it does): its counted rewards
-    (infrastructure failures left out) are all equal, or fewer than two of its attempts counted."""
-    if len(rewards) < 2:
-        return f"no_signal: {len(rewards)} of {size} attempts counted"
-    if max(rewards) > min(rewards):
-        return ""
-    return f"no_signal: every attempt scored {rewards[0]:g}"
-
-
 class Scheduler:
     """One loop for both modes: sync is async with staleness 0 and exactly one step of groups in flight."""
 
@@ -189,7 +179,7 @@ class Scheduler:
         if self.policy.step == 0:  # a fresh run starts from the seed; a resumed one keeps the checkpoint's RNG
             torch.manual_seed(self.config.seed)
             random.seed(self.config.seed)
-        clock = _Clock(self.engine, self.source)
+        clock = StepClock(self.engine, self.source)
         try:
             while self.policy.step < self.last_step:
                 await self._admit()
@@ -251,7 +241,7 @@ class Scheduler:
 
     # ---- one training step -----------------------------------------------------------------------------
 
-    async def _on_trainer_thread(self, clock: _Clock, part: str, fn: Callable, *args):
+    async def _on_trainer_thread(self, clock: StepClock, part: str, fn: Callable, *args):
         """Run `fn` on the trainer thread and time it as `part` of the step.
 
         Sample building, training and checkpoints all run there: the loop stays free for harnesses, the proxy's
@@ -271,7 +261,7 @@ class Scheduler:
         if asyncio.iscoroutine(maybe):
             await maybe
 
-    async def _train(self, batch: list[_Group], clock: _Clock) -> None:
+    async def _train(self, batch: list[_Group], clock: StepClock) -> None:
         step = self.policy.step + 1
         await self._phase(f"step {step}: training on {sum(len(g.results) for g in batch)} rollouts")
         for g in batch:
@@ -421,115 +411,6 @@ def read_counters(checkpoint: str | Path) -> dict[str, int | list[int]] | None:
     """`Scheduler.counters()` as saved in a checkpoint; None for a checkpoint written before they were saved."""
     path = Path(checkpoint) / SCHEDULER_STATE_FILE
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-class _Clock:
-    """Splits wall time since the previous step into generate / train / sync / the named parts / idle.
-
-    Generate time is the engine's own `busy_seconds` and score time the source's `score_seconds` (wall time with
-    a reward being computed, which overlaps generation in a real run, so it is not taken out of idle); a part
-    missing on either side reads 0. The named parts (`add`) are exclusive wall time on the step's path:
-    build_samples, checkpoint and record (storing the previous step's report, which runs after its split).
-    """
-
-    PARTS = ("build_samples", "checkpoint", "record")
-
-    def __init__(self, engine: Engine, source: RolloutSource | None = None):
-        self.engine, self.source = engine, source
-        self.last = time.perf_counter()
-        self.last_busy, self.last_score = self.counters()
-        self.parts = dict.fromkeys(self.PARTS, 0.0)
-        self.excluded = 0.0
-
-    def counters(self) -> tuple[float, float]:
-        """The engine's busy seconds and the source's score seconds so far."""
-        return self._counter(self.engine, "busy_seconds"), self._counter(self.source, "score_seconds")
-
-    def exclude(self, seconds: float, since: tuple[float, float]) -> None:
-        """Leave `seconds` of wall time that nothing of the step shared (a sync run's evaluation), and the engine
-        and score time spent in them (counters() at their start), out of the next split; it reports them as
-        `time/evaluate`."""
-        busy, score = self.counters()
-        self.last += seconds
-        self.last_busy += busy - since[0]
-        self.last_score += score - since[1]
-        self.excluded += seconds
-
-    @staticmethod
-    def _counter(owner: object, name: str) -> float:
-        return float(getattr(owner, name, 0.0) or 0.0)
-
-    def add(self, part: str, seconds: float) -> None:
-        """Count `seconds` of exclusive wall time as `part` of the step now running."""
-        self.parts[part] += seconds
-
-    def split(self, train: float, sync: float) -> dict[str, float]:
-        now = time.perf_counter()
-        busy, score = self.counters()
-        wall, generate = now - self.last, busy - self.last_busy
-        metrics = {"time/step": wall, "time/generate": generate, "time/train": train, "time/sync": sync,
-                   "time/score": score - self.last_score, "time/evaluate": self.excluded}
-        metrics.update({f"time/{part}": seconds for part, seconds in self.parts.items()})
-        idle = max(0.0, wall - generate - train - sync - sum(self.parts.values()))
-        metrics.update({"time/idle": idle, "time/busy_frac": 1 - idle / wall if wall > 0 else 0.0})
-        self.last, self.last_busy, self.last_score = now, busy, score
-        self.parts, self.excluded = dict.fromkeys(self.PARTS, 0.0), 0.0
-        return metrics
-
-
-def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample],
-                    drift: dict[str, dict[int, str]], pass_threshold: float,
-                    reward_of: Callable[[RolloutResult], float] = lambda r: r.reward) -> dict[str, float]:
-    """Reward, pass rate, failures, lengths, staleness and drift rates of one step.
-
-    Rewards are the trained ones (`reward_of`) over the rollouts that count: infrastructure failures are left out.
-    """
-    counted = [r for r in rollouts if r.failure_kind != INFRA_FAILURE]
-    rewards = [reward_of(r) for r in counted] or [0.0]
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
-    later = [kind for calls in drift.values() for seq, kind in sorted(calls.items())[1:]]  # first call: nothing to drift from
-    staleness = [t.staleness for t in trained] or [0]
-    completion = [sum(len(c.completion_ids) for c in r.calls) for r in rollouts]
-    context = [len(c.prompt_ids) + len(c.completion_ids) for r in rollouts for c in r.calls] or [0]
-    metrics = {
-        "reward/mean": mean, "reward/std": std,
-        "reward/pass_rate": sum(x >= pass_threshold for x in rewards) / len(rewards),
-        "rollout/failed_frac": sum(r.failed for r in rollouts) / len(rollouts),
-        "rollout/policy_failures": float(sum(r.failure_kind == POLICY_FAILURE for r in rollouts)),
-        "rollout/infra_failures": float(sum(r.failure_kind == INFRA_FAILURE for r in rollouts)),
-        "rollout/calls_mean": sum(len(r.calls) for r in rollouts) / len(rollouts),
-        "length/completion_tokens_mean": sum(completion) / len(completion),
-        "length/context_tokens_mean": sum(context) / len(context),  # one call's prompt + completion
-        "length/context_tokens_max": float(max(context)),
-        "length/sample_tokens_mean": (sum(len(t.sample.token_ids) for t in trained) / len(trained)) if trained else 0.0,
-        "staleness/mean": sum(staleness) / len(staleness), "staleness/max": max(staleness),
-    }
-    for kind in ("clean", "realign", "fork"):
-        metrics[f"drift/{kind}_rate"] = (later.count(kind) / len(later)) if later else 0.0
-        metrics[f"drift/{kind}_count"] = float(later.count(kind))
-    # A group teaches GRPO something only when its counted rewards differ; a rollout with no trained sample
-    # (an infrastructure failure, or nothing sampled) is dropped from the step.
-    by_group: dict[int, list[float]] = {}
-    for r in counted:
-        by_group.setdefault(r.group_id, []).append(reward_of(r))
-    metrics["groups/total"] = float(len({r.group_id for r in rollouts}))
-    metrics["groups/with_signal"] = float(sum(max(v) > min(v) for v in by_group.values()))
-    metrics["samples/trained"] = float(len(trained))
-    metrics["samples/dropped_rollouts"] = float(len(dropped_rollouts(rollouts, trained)))
-    return metrics
-
-
-def dropped_rollouts(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample]) -> dict[str, str]:
-    """Why each rollout of a batch without a trained sample gave none.
-
-    'infra_failure: <error>': left out of the loss and the baseline (it says nothing about the policy);
-    'no_sampled_tokens': no call of it returned a sampled token (no call made, every call failed, or every call was constrained: see CallRecord.constrained).
-    Staleness never drops a rollout: a group at the staleness bound is forced into the next batch.
-    """
-    kept = {t.rollout_id for t in trained}
-    return {r.rollout_id: drop_reason(r.failure_kind, r.error) for r in rollouts if r.rollout_id not in kept}
-
 
 
 async def run(policy: Policy, engine: Engine, source: RolloutSource, **kwargs) -> list[StepReport]:

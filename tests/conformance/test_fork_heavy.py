@@ -37,7 +37,8 @@ from tests.conformance.conftest import CONFORMANCE_TASK, REWARD_SOURCE
 from tests.trainer.test_scheduler import SpyEngine
 from trainer import scheduler
 from trainer.config import TrainerConfig
-from trainer.policy import Policy, layout, pack
+from trainer.packing import layout, pack
+from trainer.policy import Policy
 
 pytestmark = pytest.mark.conformance
 

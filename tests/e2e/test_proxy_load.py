@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from bench.proxy_load import API_OF, EPISODE_TURNS, KINDS, PAIRED, run_load
+from bench._proxy_load_harness import API_OF, EPISODE_TURNS, KINDS, PAIRED
+from bench.proxy_load import run_load
 from runs.models import ModelCall, Rollout
 from tests.proxy.fake_upstream import IM_END, encode, render_chat
 

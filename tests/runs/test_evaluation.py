@@ -22,6 +22,7 @@ from runs.recorder import DjangoRecorder, cached_directory
 from tests.proxy.fake_upstream import FakeVLLM, Reply
 from trainer import scheduler
 from trainer.config import TrainerConfig
+from trainer.step_metrics import rollout_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,7 +151,7 @@ async def test_an_evaluation_around_a_training_group_leaves_the_steps_metrics_al
     ids = [int(r.rollout_id) for r in results]
     splits = await db(lambda: sorted(Rollout.objects.filter(pk__in=ids).values_list("split", flat=True)))()
     assert splits == ["train"] * 2
-    step = scheduler.rollout_metrics(results, [], {}, CONFIG.pass_threshold)
+    step = rollout_metrics(results, [], {}, CONFIG.pass_threshold)
     # The train task's first sampled call is RIGHT, its second WRONG, however many eval calls ran beside them.
     assert (step["reward/mean"], step["reward/pass_rate"], step["rollout/calls_mean"]) == (0.5, 0.5, 1.0)
     # 17 calls asked for temperature 1.0; only the 2 train calls count, as they do in the step's metrics.

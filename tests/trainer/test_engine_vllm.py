@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 from common.procs import group_alive
 from trainer.engine import EngineConfig, VLLMEngine, default_engine_venv, managed_engine
 from trainer.engine.startup import NAMES
-from trainer.policy import pack, token_logprobs
+from trainer.packing import pack
+from trainer.policy import token_logprobs
 from trainer.samples import Sample
 
 pytestmark = [

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer.test_engine_vllm import engine_vs_trainer_logprobs, perturbed, served_state
-from trainer import models
+from trainer import model_registry, models
 from trainer.engine import EngineConfig, default_engine_venv, managed_engine
 
 BOS, START, END = 2, 105, 106
@@ -48,9 +48,9 @@ def test_the_import_is_a_plain_registry_model(gemma3_import):
     out, lines = gemma3_import
     assert lines[0].startswith("assembling the GGUF") and [line[:5] for line in lines[1:5]] == [
         "[1/4]", "[2/4]", "[3/4]", "[4/4]"]
-    assert [info.name for info in models.list_models(out.parent)] == ["gemma3-270m"]  # the scratch GGUF is gone
+    assert [info.name for info in model_registry.list_models(out.parent)] == ["gemma3-270m"]  # the scratch GGUF is gone
     assert not list(out.parent.glob(".gemma3-gguf-*")) and not list(out.glob("*.gguf"))
-    info = models.read_model_info(out)
+    info = model_registry.read_model_info(out)
     assert info.origin == "gemma3-gguf" and 265e6 < info.params < 270e6
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and "_name_or_path" not in config  # vLLM refuses "gguf"

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainer import models
-from trainer.models import MARKER, build_tiny_model, list_models, read_model_info
+from trainer.model_registry import MARKER, list_models, read_model_info
+from trainer.models import build_tiny_model
 
 
 def test_it_builds_a_loadable_qwen2_with_chatml(tiny_model_dir):
@@ -110,7 +111,7 @@ def test_logit_transforms_the_trainer_skips_are_named_and_plain_models_pass():
     config that transforms the logits after it (soft-capping, scaling) names that; the families we train pass."""
     from transformers import CohereConfig, Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, Qwen2Config
 
-    from trainer.models import logit_transform
+    from trainer.model_registry import logit_transform
 
     assert "final_logit_softcapping=30.0" in logit_transform(Gemma2Config().to_dict())
     assert "logit_scale=0.0625" in logit_transform(CohereConfig().to_dict())

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from tests.trainer.conftest import make_sample
 from tests.trainer.inprocess import tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.policy import Policy, micro_batches, pack, padded_positions, read_checkpoint_config, token_logprobs
+from trainer.packing import micro_batches, pack, padded_positions
+from trainer.policy import Policy, read_checkpoint_config, token_logprobs
 
 
 def unpacked_logprobs(model, samples, temperature):

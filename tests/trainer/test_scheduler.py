@@ -6,9 +6,11 @@ import pytest
 
 from tests.trainer.inprocess import TorchEngine, tiny_qwen2
 from trainer.config import TrainerConfig
-from trainer.policy import Policy, pack
+from trainer.packing import pack
+from trainer.policy import Policy
 from trainer.samples import CallRecord, build_samples
-from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, dropped_rollouts, run
+from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
+from trainer.step_metrics import dropped_rollouts
 
 
 class SpyEngine:
@@ -393,7 +395,8 @@ async def test_it_launches_the_next_groups_while_the_engine_is_paused_at_the_ver
 def test_rollout_metrics_count_groups_with_signal_dropped_rollouts_and_drift():
     from types import SimpleNamespace
 
-    from trainer.scheduler import TrainedSample, rollout_metrics
+    from trainer.scheduler import TrainedSample
+    from trainer.step_metrics import rollout_metrics
 
     def result(group, rollout, reward, kind=""):
         return RolloutResult(group, rollout, (CallRecord(0, (1,), (2,), (-0.1,)),), reward, failure_kind=kind)
@@ -514,7 +517,8 @@ async def test_dynamic_sampling_in_async_mode_keeps_the_staleness_bound():
 
 def test_dynamic_sampling_budget_and_counters():
     from trainer.config import ConfigError
-    from trainer.scheduler import _Group, no_signal_reason
+    from trainer.scheduler import _Group
+    from trainer.step_metrics import no_signal_reason
 
     assert TrainerConfig(tasks_per_step=4).extra_groups_per_step == 0
     assert TrainerConfig(tasks_per_step=4, dynamic_sampling=True).extra_groups_per_step == 8
