@@ -1,6 +1,6 @@
 """Parsing and splitting uploaded task files (JSONL or a JSON array), every bad line reported; reward-only fields.
 
-A JSONL export of a run's rollouts (runs/export.py, docs/export-schema.md) is recognised by the schema id its
+A JSONL export of a run's rollouts (dashboard/export.py, docs/export-schema.md) is recognised by the schema id its
 lines carry and loads as a dataset of recorded trajectories: one task per rollout.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ MAX_ERRORS = 200
 # they never replace it, so forgetting to list `answer` cannot leak it. Names are top-level keys of a task.
 DEFAULT_HIDDEN_FIELDS = ("answer", "expected", "solution", "tests")
 EXPORT_SCHEMA = "lightning-web/rollout-export"
-"""The `schema` of every line of a rollouts export (runs/export.py); here so that parsing needs no models."""
+"""The `schema` of every line of a rollouts export (dashboard/export.py); here so that parsing needs no models."""
 EXPORT_VERSIONS = (1,)
 
 

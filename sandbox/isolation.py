@@ -11,7 +11,7 @@ the app user's home (PROTECTED); only what user code needs in them is bound back
   read-only paths its harness declares (`resources["read_only"]`, filled from a template's `read_only`), and the
   folder of every existing file an absolute argv or env value names (its script, say). A path inside a PROTECTED
   dir is refused with an error unless it lies in a SHAREABLE one (the Python installs, the source tree's
-  examples/ and tests/, the harness tools dir). Its network holds loopback only: sandbox_launcher.py listens on
+  examples/ and tests/, the harness tools dir). Its network holds loopback only: sandbox/launcher.py listens on
   the proxy's 127.0.0.1:<port> inside and relays to a unix socket that the worker forwards to the proxy.
 
 Processes: a per-sandbox cgroup (pids controller) caps tasks when the cgroup fs is writable (the process moves in
@@ -51,7 +51,7 @@ REWARD_TMP_BYTES = 64 * 1024 * 1024
 HARNESS_TMP_BYTES = 256 * 1024 * 1024
 
 
-LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+LAUNCHER = Path(__file__).with_name("launcher.py")
 
 
 SOCKET_INSIDE = "/tmp/.lightning/proxy.sock"

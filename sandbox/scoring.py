@@ -17,7 +17,7 @@ from common.procs import signal_group
 from sandbox import isolation
 from sandbox import limits as sandbox_limits
 
-RUNNER = Path(__file__).with_name("sandbox_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
 OUTPUT_TAIL_CHARS = 4096  # what a result keeps of the script's prints
 RESULT_BYTES = 4 * 1024 * 1024  # the most of a result (reward and detail JSON) read back
@@ -38,7 +38,7 @@ class ScoreResult:
     detail: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     kind: str = ""  # exception | syntax | timeout | memory | output | crashed | invalid | refused (no isolation)
-    # | unparseable (the script raised UnparseableOutcome: the policy's failure, see runs/sandbox_runner.py)
+    # | unparseable (the script raised UnparseableOutcome: the policy's failure, see sandbox/runner.py)
     output: str = ""
     duration_ms: float = 0.0
 

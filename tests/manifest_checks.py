@@ -27,7 +27,7 @@ WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
 OUTSIDE_NAMESPACES = {"kube-system"}
 """Namespaces the manifests may point at without creating them."""
-EXECUTOR = ROOT / "runs" / "executors" / "kubernetes.py"
+EXECUTOR = ROOT / "sandbox" / "executors" / "kubernetes.py"
 VERB_OF_METHOD = {"create": "create", "read": "get", "list": "list", "delete": "delete", "patch": "patch",
                   "replace": "update"}
 RESOURCE_OF_OBJECT = {"job": ("batch", "jobs"), "pod": ("", "pods"), "pod_log": ("", "pods/log")}
@@ -294,7 +294,7 @@ def settings_read() -> set[str]:
     """Every environment variable the code reads: the settings' env readers, os.environ look-ups, and `lw`'s."""
     names = set(re.findall(r'(?:env_\w+|data_dir|secret_key)\(\s*"([A-Z][A-Z0-9_]*)"',
                            (ROOT / "lightning_web" / "settings.py").read_text()))
-    for package in ("lightning_web", "runs", "trainer", "proxy", "common"):
+    for package in ("lightning_web", "api", "catalog", "runs", "dashboard", "sandbox", "trainer", "proxy", "common"):
         for path in (ROOT / package).rglob("*.py"):
             names |= set(re.findall(r'os\.(?:environ\.get\(|environ\[|getenv\()\s*"([A-Z][A-Z0-9_]*)"',
                                     path.read_text()))

@@ -1,5 +1,5 @@
 """A run's page (header, live charts, rollouts table, event log), its actions (cancel, finish, resume, continue), and the JSON
-its scripts read (metric series, a page of rollouts). A rollout's page is runs/pages/rollout_page.py."""
+its scripts read (metric series, a page of rollouts). A rollout's page is dashboard/pages/rollout_page.py."""
 from __future__ import annotations
 
 import statistics

@@ -38,7 +38,7 @@ def test_the_test_action_scores_in_the_sandbox(alice_api, alice, make_reward, co
     response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 4}}, format="json")
     assert response.status_code == 200
     body = response.json()
-    assert body["ok"] is True and body["reward"] == 1.0 and body["detail"] == {"seen": 4} and body["error"] == ""
+    assert body["ok"] is True and body["reward"] == 1.0 and body["detail"] == {"seen": 4} and body["error"] == "", body
     response = alice_api.post(f"{URL}{script.pk}/test/", {"task": {"answer": 4}, "outcome": {"answer": 5}}, format="json")
     assert response.json()["reward"] == 0.0
 

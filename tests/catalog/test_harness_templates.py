@@ -1,4 +1,4 @@
-"""Harness templates (runs/harness_templates.py): read from examples/harnesses/, filled per machine, given to users."""
+"""Harness templates (catalog/harness_templates.py): read from examples/harnesses/, filled per machine, given to users."""
 from __future__ import annotations
 
 import json

@@ -91,7 +91,7 @@ def test_the_executors_job_passes_the_schemas_and_the_harness_policy(docs, setti
                       task_id="t1", task={"question": "2+2"}, rollout_id="41", base_url="http://0.0.0.0:8100/rollouts/41/v1",
                       api_key="k", run_id="7", step=3)
     job = KubernetesExecutor.job_body(executor, attempt, "lw-7-41-abc123")
-    job["_where"] = "runs/executors/kubernetes.py job_body"
+    job["_where"] = "sandbox/executors/kubernetes.py job_body"
     for version in K8S_VERSIONS:
         assert schema_errors([job], version) == []
     pod_labels = job["spec"]["template"]["metadata"]["labels"]
