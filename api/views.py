@@ -14,8 +14,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api import catalog_serializers as api_catalog_serializers
-from api import run_serializers as s
+from api import catalog_serializers as cs
+from api import run_serializers as s  # runs, rollouts, workers; cs: the catalog's
 from api.errors import ErrorSerializer
 from api.permissions import IsOwnerOrStaff
 from api.renderers import JSONLinesRenderer
@@ -51,7 +51,7 @@ class ServiceWrites:
 
 class HarnessViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     queryset = Harness.objects.all()
-    serializer_class = api_catalog_serializers.HarnessSerializer
+    serializer_class = cs.HarnessSerializer
     filterset_fields = ["executor"]
     create_service, update_service = catalog_services.create_harness, catalog_services.update_harness
 
@@ -83,13 +83,13 @@ class HarnessCheckViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
 
 class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
     queryset = RewardScript.objects.all()
-    serializer_class = api_catalog_serializers.RewardScriptSerializer
+    serializer_class = cs.RewardScriptSerializer
     create_service, update_service = catalog_services.create_reward_script, catalog_services.update_reward_script
 
     def perform_destroy(self, instance):
         catalog_services.delete_reward_script(instance, self.request.user)  # refused (409) while a run uses it
 
-    @extend_schema(request=api_catalog_serializers.RewardTestSerializer, responses={200: api_catalog_serializers.RewardTestResultSerializer, 503: ErrorSerializer})
+    @extend_schema(request=cs.RewardTestSerializer, responses={200: cs.RewardTestResultSerializer, 503: ErrorSerializer})
     @action(detail=True, methods=["post"])
     def test(self, request, pk=None):
         """Score a task and an outcome in the reward sandbox, on the control worker (the API server runs no user
@@ -97,7 +97,7 @@ class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
         it within the script's timeout plus 30 s."""
         script = self.get_object()
         catalog_services.check_owner(request.user, script)
-        body = api_catalog_serializers.RewardTestSerializer(data=request.data)
+        body = cs.RewardTestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
             result = reward_tests.score_on_worker(request.user, {
@@ -112,16 +112,16 @@ class RewardScriptViewSet(ServiceWrites, OwnedViewSet, viewsets.ModelViewSet):
 class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
                      mixins.DestroyModelMixin):
     queryset = Dataset.objects.all()
-    serializer_class = api_catalog_serializers.DatasetSerializer
+    serializer_class = cs.DatasetSerializer
     parser_classes = [MultiPartParser, FormParser, JSONParser]
 
     def perform_destroy(self, instance):
         catalog_services.delete_dataset(instance, self.request.user)  # refused (409) while a run uses it
 
-    @extend_schema(request={"multipart/form-data": api_catalog_serializers.DatasetUploadSerializer}, responses={201: api_catalog_serializers.DatasetSerializer})
+    @extend_schema(request={"multipart/form-data": cs.DatasetUploadSerializer}, responses={201: cs.DatasetSerializer})
     def create(self, request):
         """Upload tasks as JSONL or a JSON array; every bad line is reported and nothing is saved."""
-        upload = api_catalog_serializers.DatasetUploadSerializer(data=request.data, context={"request": request})
+        upload = cs.DatasetUploadSerializer(data=request.data, context={"request": request})
         upload.is_valid(raise_exception=True)
         data = upload.validated_data
         file = data["file"]
@@ -129,7 +129,7 @@ class DatasetViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
             request.user, name=data["name"], description=data["description"], content=file.read(),
             filename=file.name or "", split_field=data["split_field"], val_ratio=data["val_ratio"],
             seed=data["seed"], required_fields=data["required_fields"], hidden_fields=data["hidden_fields"])
-        return Response(api_catalog_serializers.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+        return Response(cs.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 
 class TaskFilter(django_filters.FilterSet):
@@ -140,7 +140,7 @@ class TaskFilter(django_filters.FilterSet):
 
 class TaskViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     queryset = Task.objects.all()
-    serializer_class = api_catalog_serializers.TaskSerializer
+    serializer_class = cs.TaskSerializer
     filterset_class = TaskFilter
 
     def get_queryset(self):
@@ -280,9 +280,9 @@ def _int_param(request, name: str) -> int | None:
 class ModelRegistryViewSet(viewsets.ViewSet):
     """The models registry: model folders under the models dir (imported, built or checkpointed)."""
 
-    @extend_schema(responses=api_catalog_serializers.ModelInfoSerializer(many=True))
+    @extend_schema(responses=cs.ModelInfoSerializer(many=True))
     def list(self, request):
-        return Response(api_catalog_serializers.ModelInfoSerializer([m.to_dict() for m in registry.registered_models()], many=True).data)
+        return Response(cs.ModelInfoSerializer([m.to_dict() for m in registry.registered_models()], many=True).data)
 
 
 class WorkersView(APIView):
