@@ -1,4 +1,4 @@
-"""Drives one run end to end: setup, engine and proxy, the training loop, cancel at any moment.
+"""Drives one run end to end: setup, engine and proxy, the steps' phases (RunContext, RunPhases), cancel at any moment.
 
 The parts live beside it: harness rollouts and scoring (runs.harness_source), evaluation (runs.evaluation), the
 gated engine (runs.gated_engine), heartbeat and resume from a checkpoint (runs.durability).
@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -123,7 +124,44 @@ def record_host(run_id: int, config: TrainerConfig) -> tuple[TrainerConfig, str]
     return resolved, line
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a run's steps need once its engine and proxy are up: one object instead of positional chains."""
+
+    run: Run
+    """The run's row as it stood when the steps began (rewound first where it resumes)."""
+    generation: int
+    """The worker start that holds the run: its writes expect it (`expect=Q(worker_starts=generation)`)."""
+    config: TrainerConfig
+    """The run's config with its dtypes resolved for this host (record_host)."""
+    folder: Path
+    """The model's folder (model_folder): the trainer loads it, the engine serves it."""
+    workdir: Path
+    """The run's folder on this worker: engine logs, harness work folders, checkpoints."""
+    resume: durability.ResumePoint | None
+    """The checkpoint a re-queued run resumes from; None for a fresh run."""
+    finish: Finish
+    """The step the run ends at, lowered while it trains when its owner asks it to finish now."""
+    engine: GatedEngine
+    """The vLLM engine, gated by the proxy for weight swaps."""
+    server: ProxyServer
+    """The recording proxy the harnesses call (its recorder and rollout directory write the run's rows)."""
+    source: HarnessSource
+    """The scheduler's rollout source: the run's train tasks, run by its harness's executor and scored."""
+    evaluator: Evaluator
+    """eval/* on the run's val tasks."""
+
+    @property
+    def run_id(self) -> int:
+        return self.run.pk
+
+    def last_step(self) -> int:
+        """The step the run ends at: its config's, or fewer once its owner asked it to finish now."""
+        return self.finish.last_step(self.config.steps)
+
+
 async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
+    """Check the run can start, start its engine and proxy, and train it through one RunContext."""
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
     folder = await db(model_folder)(run)
@@ -139,14 +177,7 @@ async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
     config, host_line = await db(record_host)(run_id, config)
     await _log(run_id, f"host: {host_line}")
     workdir = Path(settings.LIGHTNING_RUNS_DIR) / f"run-{run_id}"
-    resume = None
-    if run.checkpoint_path:  # re-queued after a lost worker, resumed or continued by its owner
-        checkpoint = checkpoint_folder(run)
-        resume = await db(durability.prepare_resume)(run, checkpoint, durability.checkpoint_step(checkpoint))
-        run = await db(Run.objects.get)(pk=run_id)  # as rewound
-        await _log(run_id, f"resuming from the checkpoint of step {resume.step} (worker start {generation}): "
-                           f"{resume.lost_rollouts} rollouts lost in all; steps {list(resume.dropped_steps)} "
-                           "are redone")
+    run, resume = await _resume_point(run, generation)
     await _log(run_id, f"starting the engine for {run.model} (vLLM; about a minute on CPU)")
     from trainer.engine import EngineConfig, serving_engine
 
@@ -161,20 +192,50 @@ async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
                               replicas=config.engine_replicas) as engine:
         await db(services.transition_run)(run_id, RunStatus.RUNNING, expect=Q(worker_starts=generation),
                                           note={"host": host_line, "isolation": isolation_line})
-        replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
-        upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas,
-                                  served_model=engine_config.served_model_name, sampling=config.sampling)
-        app = create_app(cached_directory(run_id, ttl_s=0.5), DjangoRecorder(), upstream, policy_version=lambda: engine.version,
-                         replica_alive=getattr(engine, "replica_running", None))
-        server = ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
+        server = _start_proxy(run_id, config, engine, engine_config.served_model_name)
         try:
             gated = GatedEngine(engine, server, drain_timeout_s=settings.LIGHTNING_WEIGHT_SYNC_DRAIN_S)
-            return await _train(run, config, folder, gated, server, workdir, train_ids, resume, generation, finish)
+            source = HarnessSource(run, config, server, workdir, train_ids)
+            return await _train(RunContext(run, generation, config, folder, workdir, resume, finish, gated, server,
+                                           source, Evaluator(run, config, source)))
         finally:
             await asyncio.to_thread(server.stop)
 
 
-async def _train(run, config, folder, engine, server, workdir, train_ids, resume, generation, finish) -> str:
+async def _resume_point(run: Run, generation: int) -> tuple[Run, durability.ResumePoint | None]:
+    """A run with a checkpoint (re-queued after a lost worker, resumed or continued by its owner) rewound to it, and
+    where it resumes; a fresh run as it is, and None."""
+    if not run.checkpoint_path:
+        return run, None
+    checkpoint = checkpoint_folder(run)
+    resume = await db(durability.prepare_resume)(run, checkpoint, durability.checkpoint_step(checkpoint))
+    await _log(run.pk, f"resuming from the checkpoint of step {resume.step} (worker start {generation}): "
+                       f"{resume.lost_rollouts} rollouts lost in all; steps {list(resume.dropped_steps)} are redone")
+    return await db(Run.objects.get)(pk=run.pk), resume  # as rewound
+
+
+def _start_proxy(run_id: int, config: TrainerConfig, engine, served_model: str) -> ProxyServer:
+    """The recording proxy in front of the engine (every replica of it), started."""
+    replicas = tuple(url + "/v1" for url in getattr(engine, "base_urls", ())) if config.engine_replicas > 1 else ()
+    upstream = UpstreamConfig(base_url=engine.base_url + "/v1", replica_urls=replicas, served_model=served_model,
+                              sampling=config.sampling)
+    app = create_app(cached_directory(run_id, ttl_s=0.5), DjangoRecorder(), upstream,
+                     policy_version=lambda: engine.version, replica_alive=getattr(engine, "replica_running", None))
+    return ProxyServer(app, host=settings.LIGHTNING_PROXY_HOST, port=settings.LIGHTNING_PROXY_PORT).start()
+
+
+async def _train(ctx: RunContext) -> str:
+    """Load the policy, then run the steps while the engine process lives."""
+    tokenizer, policy = await _load(ctx)
+    try:
+        return await _unless_engine_dies(getattr(ctx.engine.engine, "server", None), ctx.source,
+                                         _steps(ctx, tokenizer, policy))
+    finally:
+        await asyncio.to_thread(policy.close)
+
+
+async def _load(ctx: RunContext) -> tuple:
+    """The tokenizer and the policy: seconds of disk and torch, off the loop so that a cancel stays live."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -183,68 +244,71 @@ async def _train(run, config, folder, engine, server, workdir, train_ids, resume
     cancelled = threading.Event()
 
     def load() -> tuple:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(ctx.folder)
         # world_size > 1: a DistributedPolicy, rank 0 here and ranks 1..N-1 spawned (stopped by close below).
-        policy = make_policy(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), config)
+        policy = make_policy(AutoModelForCausalLM.from_pretrained(ctx.folder, dtype=torch.float32), ctx.config)
         if cancelled.is_set():  # nobody will close it: stop its ranks now
             policy.close()
         return tokenizer, policy
 
     try:
-        tokenizer, policy = await asyncio.to_thread(load)  # seconds of disk and torch: off the loop, cancel stays live
+        return await asyncio.to_thread(load)
     except asyncio.CancelledError:
         cancelled.set()
         raise
-    try:
-        source = HarnessSource(run, config, server, workdir, train_ids)
-        return await _unless_engine_dies(getattr(engine.engine, "server", None), source, _steps(
-            run, config, engine, server, workdir, resume, generation, tokenizer, policy, source, finish))
-    finally:
-        await asyncio.to_thread(policy.close)
 
 
-async def _steps(run, config, engine, server, workdir, resume, generation, tokenizer, policy, source,
-                 finish: Finish) -> str:
-    evaluator = Evaluator(run, config, source)
-
-    def last_step() -> int:
-        return finish.last_step(config.steps)
-
-    if resume is None:
-        await evaluator.maybe(0, force=True)
+async def _steps(ctx: RunContext, tokenizer, policy) -> str:
+    """Step 0's evaluation (or the checkpoint's weights), the steps with their phases, the last step's evaluation."""
+    if ctx.resume is None:
+        await ctx.evaluator.maybe(0, force=True)
     else:  # the checkpoint's step was evaluated (if due) before the checkpoint was recorded
-        await durability.restore(policy, engine, resume)
-        await _log(run.pk, f"the engine serves the weights of step {policy.step}")
-    overridden = _Counter(lambda: server.app.sampling_override_calls)
+        await durability.restore(policy, ctx.engine, ctx.resume)
+        await _log(ctx.run_id, f"the engine serves the weights of step {policy.step}")
+    await scheduler.run(policy, ctx.engine, ctx.source, phases=RunPhases(ctx), decode=tokenizer.decode,
+                        checkpoint_dir=ctx.workdir / "checkpoints",
+                        first_group_id=ctx.resume.next_group_id if ctx.resume else 0)
+    if not await db(_evaluated)(ctx.run_id, policy.step):  # asked to finish after its last step's evaluation phase
+        await ctx.evaluator.maybe(policy.step, force=True)
+    return RunStatus.SUCCEEDED
 
-    async def on_step(report: scheduler.StepReport) -> None:
+
+class RunPhases(scheduler.StepPhases):
+    """A run's step phases: store each step, evaluate where due (always its last step), record each checkpoint."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
         # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
-        report.metrics["proxy/sampling_overridden_calls"] = float(overridden.delta())
+        self.overridden = _Counter(lambda: ctx.server.app.sampling_override_calls)
+
+    def last_step(self, configured: int) -> int:
+        return self.ctx.finish.last_step(configured)
+
+    def evaluates_at(self, version: int) -> bool:
+        return self.ctx.evaluator.due(version, force=version >= self.ctx.last_step())
+
+    async def phase(self, text: str) -> None:  # a few a step: what the run page's header says it does now
+        await db(services.set_run_phase)(self.ctx.run_id, text)
+
+    async def record(self, report: scheduler.StepReport) -> None:
+        run_id = self.ctx.run_id
+        report.metrics["proxy/sampling_overridden_calls"] = float(self.overridden.delta())
         report.metrics.update(reward_script_counts(report.rollouts))
-        await db(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
+        await db(rollout_services.record_step)(run_id, report.policy_version, report.policy_version,
                                                _sample_rows(report), _drift_rows(report), report.metrics,
                                                _batch_rows(report))
-        await _log(run.pk, f"step {report.policy_version}/{last_step()}: reward "
+        await _log(run_id, f"step {report.policy_version}/{self.ctx.last_step()}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         bug = reward_script_bug(report.rollouts, report.policy_version)
         if bug:
             raise RunSetupError(bug)
-        await evaluator.maybe(report.policy_version, force=report.policy_version >= last_step())
 
-    async def on_checkpoint(path: Path, step: int) -> None:
-        await db(services.record_checkpoint)(run.pk, generation, str(path), step)
+    async def evaluate(self, version: int) -> None:
+        await self.ctx.evaluator.maybe(version, force=version >= self.ctx.last_step())
+
+    async def checkpoint(self, path: Path, step: int) -> None:
+        await db(services.record_checkpoint)(self.ctx.run_id, self.ctx.generation, str(path), step)
         await asyncio.to_thread(durability.prune_checkpoints, path.parent)
-
-    async def on_phase(phase: str) -> None:  # a few a step: what the run page's header says it does now
-        await db(services.set_run_phase)(run.pk, phase)
-
-    await scheduler.run(policy, engine, source, decode=tokenizer.decode, on_step=on_step,
-                        checkpoint_dir=workdir / "checkpoints", on_checkpoint=on_checkpoint, on_phase=on_phase,
-                        first_group_id=resume.next_group_id if resume else 0, last_step=last_step,
-                        evaluates_at=lambda version: evaluator.due(version, force=version >= last_step()))
-    if not await db(_evaluated)(run.pk, policy.step):  # asked to finish after its last step's on_step returned
-        await evaluator.maybe(policy.step, force=True)
-    return RunStatus.SUCCEEDED
 
 
 def _evaluated(run_id: int, step: int) -> bool:

@@ -10,7 +10,7 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -119,6 +119,36 @@ class StepReport:
     """rollout_id -> why that rollout of the batch gave no trained sample (see dropped_rollouts)."""
 
 
+class StepPhases:
+    """The named phases of a step that the loop hands to its caller, in order: generate -> train -> record ->
+    evaluate -> checkpoint. This base does nothing beyond training (its `last_step` is the config's); the web app's
+    runs.orchestrator.RunPhases stores each report, evaluates and records checkpoints."""
+
+    def last_step(self, configured: int) -> int:
+        """The step the run ends at, read before every admission and batch: `configured`, or fewer once its owner
+        asked it to finish now; the loop stops once the policy reaches it, with a checkpoint of that step."""
+        return configured
+
+    def evaluates_at(self, version: int) -> bool:
+        """Whether the step that produced `version` is evaluated. In sync mode its weight swap then holds the
+        next step's admission: those groups start after the evaluation, never beside its load."""
+        return False
+
+    async def phase(self, text: str) -> None:
+        """What the loop does now, heard when it changes ("step 3: generating rollouts", "step 3: training ...")."""
+
+    async def record(self, report: StepReport) -> None:
+        """Store the step's report (raise to stop the run); its time is `time/record` of the next step."""
+
+    async def evaluate(self, version: int) -> None:
+        """Evaluate the policy the engine serves as `version` (only where `evaluates_at(version)`). In sync mode its
+        time is `time/evaluate` of the next step, outside `time/step`."""
+
+    async def checkpoint(self, path: Path, step: int) -> None:
+        """The complete checkpoint of `step` at `path`, heard after that step's record and evaluation: whoever
+        resumes from it finds its step stored."""
+
+
 @dataclass
 class _Group:
     request: GroupRequest
@@ -132,31 +162,19 @@ class _Group:
 class Scheduler:
     """One loop for both modes: sync is async with staleness 0 and exactly one step of groups in flight."""
 
-    def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, decode: Decode | None = None,
-                 on_step: Callable[[StepReport], Awaitable[None] | None] | None = None,
-                 checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
-                 on_checkpoint: Callable[[Path, int], Awaitable[None] | None] | None = None,
-                 on_phase: Callable[[str], Awaitable[None] | None] | None = None,
-                 last_step: Callable[[], int] | None = None,
-                 evaluates_at: Callable[[int], bool] | None = None):
-        """`decode` proves realigns (see trainer.samples); `on_step` (sync or async) receives each StepReport;
-        `on_phase` hears what the loop does now, when it changes ("step 3: generating", "step 3: training", ...);
-        checkpoints go to `checkpoint_dir`/step-NNNNNN, and `on_checkpoint(path, step)` hears of each one once it
-        is complete and that step's `on_step` has returned; a resumed run passes a `first_group_id` past the ids it
-        already used. `last_step`, read before every admission and batch, may end the run before `config.steps`
-        (its owner's "finish now"): the loop stops once the policy reaches it, with a checkpoint of that step.
-        `evaluates_at(version)` says whether that step's `on_step` runs an evaluation: in sync mode the next step's
-        groups then start only once it returned (never beside the evaluation's load), and its time is
-        `time/evaluate` of the next step, outside `time/step`."""
+    def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, phases: StepPhases | None = None,
+                 decode: Decode | None = None, checkpoint_dir: str | Path | None = None, first_group_id: int = 0):
+        """`phases` hears each step's named phases (StepPhases: a bare one only trains); `decode` proves realigns
+        (see trainer.samples); checkpoints go to `checkpoint_dir`/step-NNNNNN; a resumed run passes a
+        `first_group_id` past the ids it already used."""
         self.policy, self.engine, self.source = policy, engine, source
+        self.phases = phases if phases is not None else StepPhases()
         self.config: TrainerConfig = policy.config
-        self.decode, self.on_step, self.checkpoint_dir = decode, on_step, checkpoint_dir
-        self.on_checkpoint, self.on_phase, self._last_phase = on_checkpoint, on_phase, ""
+        self.decode, self.checkpoint_dir, self._last_phase = decode, checkpoint_dir, ""
         self.groups: dict[int, _Group] = {}  # admitted and not yet trained, in admission order
         self.no_signal: list[_Group] = []  # dropped by dynamic sampling since the last step (reported with the next)
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
-        self._last_step, self._evaluates_at = last_step, evaluates_at
         # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
         self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
 
@@ -165,14 +183,13 @@ class Scheduler:
         return self.policy.version
 
     def _evaluation_holds(self, version: int) -> bool:
-        """Sync mode and an evaluation due in this step's on_step: the next step waits for it."""
-        return (self.config.effective_max_staleness == 0 and self._evaluates_at is not None
-                and self._evaluates_at(version))
+        """Sync mode and `version` is evaluated: the next step waits for the evaluation."""
+        return self.config.effective_max_staleness == 0 and self.phases.evaluates_at(version)
 
     @property
     def last_step(self) -> int:
         """The step the run ends at: `config.steps`, or fewer once its owner asked it to finish."""
-        return self.config.steps if self._last_step is None else min(self.config.steps, self._last_step())
+        return min(self.config.steps, self.phases.last_step(self.config.steps))
 
     async def run(self) -> list[StepReport]:
         """Train until `last_step` steps are done (resuming from the policy's step), then cancel the rest."""
@@ -181,26 +198,37 @@ class Scheduler:
             random.seed(self.config.seed)
         clock = StepClock(self.engine, self.source)
         try:
-            while self.policy.step < self.last_step:
-                await self._admit()
-                batch = self._ready_batch()
-                if batch is not None:
-                    await self._train(batch, clock)
-                    continue
-                await self._phase(f"step {self.policy.step + 1}: generating rollouts")
-                result = await self.source.next_finished()
-                if result.group_id in self.groups:
-                    group = self.groups[result.group_id]
-                    group.results.append(result)
-                    if group.complete:
-                        self._drop_without_signal(group)
+            while (batch := await self._generate()) is not None:
+                report = await self._train(batch, clock)
+                saved = await self._save_checkpoint(clock)
+                await self._record(report, clock)
+                await self._evaluate(report.policy_version, clock)
+                if saved is not None:  # after its step's record and evaluation
+                    await self.phases.checkpoint(saved, report.step)
         finally:
             for group_id in list(self.groups):
                 await self.source.cancel(group_id)
             self._trainer_thread.shutdown(wait=False)
         return self.reports
 
-    # ---- admission and batching ------------------------------------------------------------------------
+    # ---- generate: admission and batching ---------------------------------------------------------------
+
+    async def _generate(self) -> list[_Group] | None:
+        """Admit groups and gather their finished rollouts until a batch is ready; None once the run is at its
+        last step."""
+        while self.policy.step < self.last_step:
+            await self._admit()
+            batch = self._ready_batch()
+            if batch is not None:
+                return batch
+            await self._phase(f"step {self.policy.step + 1}: generating rollouts")
+            result = await self.source.next_finished()
+            if result.group_id in self.groups:
+                group = self.groups[result.group_id]
+                group.results.append(result)
+                if group.complete:
+                    self._drop_without_signal(group)
+        return None
 
     async def _admit(self) -> None:
         """Launch groups while the in-flight cap, the staleness bound and the remaining steps allow."""
@@ -254,14 +282,11 @@ class Scheduler:
             clock.add(part, time.perf_counter() - start)
 
     async def _phase(self, phase: str) -> None:
-        if self.on_phase is None or phase == self._last_phase:
-            return
-        self._last_phase = phase
-        maybe = self.on_phase(phase)
-        if asyncio.iscoroutine(maybe):
-            await maybe
+        if phase != self._last_phase:
+            self._last_phase = phase
+            await self.phases.phase(phase)
 
-    async def _train(self, batch: list[_Group], clock: StepClock) -> None:
+    async def _train(self, batch: list[_Group], clock: StepClock) -> StepReport:
         step = self.policy.step + 1
         await self._phase(f"step {step}: training on {sum(len(g.results) for g in batch)} rollouts")
         for g in batch:
@@ -309,26 +334,35 @@ class Scheduler:
         report = StepReport(self.policy.step, self.policy.version, tuple(rollouts), tuple(trained), drift, metrics,
                             dropped)
         self.reports.append(report)
-        # Checkpoint and record land in the next step's wall time (time/checkpoint, time/record): they come
-        # after the split that measured this one.
-        if self._checkpoint_due():
-            await self._phase(f"step {step}: saving a checkpoint")
-        checkpoint = await self._on_trainer_thread(clock, "checkpoint", self._maybe_checkpoint)
-        await self._phase(f"step {step}: recording")
-        if self.on_step is not None:
-            recording, counters = time.perf_counter(), clock.counters()
-            maybe = self.on_step(report)
-            if asyncio.iscoroutine(maybe):
-                await maybe
-            if self._evaluation_holds(report.policy_version):  # nothing else ran meanwhile: its own time
-                clock.exclude(time.perf_counter() - recording, counters)
-            else:
-                clock.add("record", time.perf_counter() - recording)
-        # After on_step: whoever resumes from this checkpoint finds its step already stored.
-        if checkpoint is not None and self.on_checkpoint is not None:
-            maybe = self.on_checkpoint(checkpoint, report.step)
-            if asyncio.iscoroutine(maybe):
-                await maybe
+        return report
+
+    # ---- after the step's split: checkpoint, record, evaluate (their time lands in the next step's) --------
+
+    async def _save_checkpoint(self, clock: StepClock) -> Path | None:
+        """The step's checkpoint where due (time/checkpoint); announced once its step is recorded and evaluated."""
+        if not self._checkpoint_due():
+            return None
+        await self._phase(f"step {self.policy.step}: saving a checkpoint")
+        return await self._on_trainer_thread(clock, "checkpoint", self._write_checkpoint)
+
+    async def _record(self, report: StepReport, clock: StepClock) -> None:
+        await self._phase(f"step {report.step}: recording")
+        start = time.perf_counter()
+        await self.phases.record(report)
+        clock.add("record", time.perf_counter() - start)
+
+    async def _evaluate(self, version: int, clock: StepClock) -> None:
+        """The evaluation of `version` where due. In sync mode nothing else ran meanwhile (the swap held the next
+        step's admission): its time is left out of the next split, as time/evaluate. In async mode harnesses
+        generate beside it and it counts as time/record."""
+        if not self.phases.evaluates_at(version):
+            return
+        start, counters = time.perf_counter(), clock.counters()
+        await self.phases.evaluate(version)
+        if self.config.effective_max_staleness == 0:
+            clock.exclude(time.perf_counter() - start, counters)
+        else:
+            clock.add("record", time.perf_counter() - start)
 
     def _samples(self, batch: list[_Group], dropped_groups: Sequence[_Group] = ()
                  ) -> tuple[list[TrainedSample], dict[str, dict[int, str]], list[int], dict[str, float]]:
@@ -382,12 +416,10 @@ class Scheduler:
         every, step = self.config.checkpoint_every, self.policy.step
         return self.checkpoint_dir is not None and (step == self.last_step or bool(every and step % every == 0))
 
-    def _maybe_checkpoint(self) -> Path | None:
+    def _write_checkpoint(self) -> Path:
         """The policy's checkpoint plus the scheduler's counters, written under a temporary name and renamed:
         a folder named step-NNNNNN is always complete."""
         step = self.policy.step
-        if not self._checkpoint_due():
-            return None
         path = Path(self.checkpoint_dir) / f"step-{step:06d}"
         partial = path.with_name(path.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)

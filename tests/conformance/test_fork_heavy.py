@@ -248,10 +248,11 @@ async def test_a_run_step_over_compacting_rollouts_trains_each_completion_once_a
     policy = Policy(AutoModelForCausalLM.from_pretrained(tiny_tokenizer_dir, dtype=torch.float32), config)
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
 
-    async def on_step(report: scheduler.StepReport) -> None:  # what the orchestrator stores of a step
-        await sync_to_async(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
-                                                          _sample_rows(report), _drift_rows(report), report.metrics,
-                                                          _batch_rows(report))
+    class Recording(scheduler.StepPhases):
+        async def record(self, report: scheduler.StepReport) -> None:  # what the orchestrator stores of a step
+            await sync_to_async(rollout_services.record_step)(run.pk, report.policy_version, report.policy_version,
+                                                              _sample_rows(report), _drift_rows(report),
+                                                              report.metrics, _batch_rows(report))
 
     with ScriptedServer(engine) as server:
         upstream = UpstreamConfig(base_url=server.base_url, served_model="scripted")
@@ -261,7 +262,7 @@ async def test_a_run_step_over_compacting_rollouts_trains_each_completion_once_a
             source = HarnessSource(run, config, proxy, tmp_path / "work", [task.pk])
             reports = await scheduler.run(policy, GatedEngine(SpyEngine(), proxy), source,
                                           decode=AutoTokenizer.from_pretrained(tiny_tokenizer_dir).decode,
-                                          on_step=on_step)
+                                          phases=Recording())
         finally:
             proxy.stop()
 

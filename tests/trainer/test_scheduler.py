@@ -9,7 +9,7 @@ from trainer.config import TrainerConfig
 from trainer.packing import pack
 from trainer.policy import Policy
 from trainer.samples import CallRecord, build_samples
-from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, run
+from trainer.scheduler import GroupRequest, RolloutResult, Scheduler, StepPhases, run
 from trainer.step_metrics import dropped_rollouts
 
 
@@ -120,11 +120,12 @@ async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
     engine = SpyEngine()
     source = TickSource(engine, durations=lambda g: 1 + g)
 
-    def stop(report):
-        raise RuntimeError("cancelled by the user")
+    class Stop(StepPhases):
+        async def record(self, report):
+            raise RuntimeError("cancelled by the user")
 
     with pytest.raises(RuntimeError, match="cancelled by the user"):
-        await run(policy(mode="async", tasks_per_step=1, steps=5, max_staleness=2), engine, source, on_step=stop)
+        await run(policy(mode="async", tasks_per_step=1, steps=5, max_staleness=2), engine, source, phases=Stop())
     # Group 0 was trained; 1 and 2 were still running and 3 was launched during step 1's weight swap.
     assert source.cancelled == [1, 2, 3]
 
@@ -134,15 +135,18 @@ async def test_a_lowered_last_step_ends_the_run_after_the_step_in_progress_with_
     trains step 2, checkpoints it as the last one, cancels the groups launched ahead and admits no more."""
     engine = SpyEngine()
     source = TickSource(engine, durations=lambda g: 1 + g)
-    target = {"steps": 100}
+    class Finish(StepPhases):
+        steps = 100
 
-    def on_step(report):
-        if report.step == 1:
-            target["steps"] = 2  # asked while step 2's groups are already in flight
+        def last_step(self, configured):
+            return min(configured, self.steps)
+
+        async def record(self, report):
+            if report.step == 1:
+                self.steps = 2  # asked while step 2's groups are already in flight
 
     config = {"mode": "async", "tasks_per_step": 1, "steps": 100, "max_staleness": 1, "checkpoint_every": 0}
-    scheduler = Scheduler(policy(**config), engine, source, on_step=on_step, checkpoint_dir=tmp_path,
-                          last_step=lambda: target["steps"])
+    scheduler = Scheduler(policy(**config), engine, source, phases=Finish(), checkpoint_dir=tmp_path)
     reports = await scheduler.run()
     assert [r.step for r in reports] == [1, 2]
     assert scheduler.last_step == 2 and scheduler.policy.step == 2
@@ -154,20 +158,26 @@ async def test_a_lowered_last_step_ends_the_run_after_the_step_in_progress_with_
 
 
 async def test_in_sync_mode_the_next_step_starts_after_an_evaluation_and_its_time_is_apart():
-    """Issue 26.10: a sync run's evaluation (in on_step) never shares the engine with the next step's harnesses,
-    and its minutes are time/evaluate, not time/step. Steps without one still launch during the weight swap."""
+    """Issue 26.10: a sync run's evaluation (its evaluate phase) never shares the engine with the next step's
+    harnesses, and its minutes are time/evaluate, not time/step. Steps without one still launch during the weight
+    swap."""
     engine = SpyEngine()
     source = TickSource(engine)
-    launched_at_on_step = {}
+    launched_at_record = {}
 
-    async def on_step(report):
-        launched_at_on_step[report.step] = len(source.launched)
-        if report.step == 1:
+    class Evaluating(StepPhases):
+        def evaluates_at(self, version):
+            return version == 1
+
+        async def record(self, report):
+            launched_at_record[report.step] = len(source.launched)
+
+        async def evaluate(self, version):
             await asyncio.sleep(0.3)  # the evaluation
             assert len(source.launched) == 2  # nothing of step 2 started meanwhile
 
-    reports = await run(policy(steps=3), engine, source, on_step=on_step, evaluates_at=lambda version: version == 1)
-    assert launched_at_on_step == {1: 2, 2: 6, 3: 6}  # step 2's groups after the evaluation; step 3's in the swap
+    reports = await run(policy(steps=3), engine, source, phases=Evaluating())
+    assert launched_at_record == {1: 2, 2: 6, 3: 6}  # step 2's groups after the evaluation; step 3's in the swap
     assert [g.policy_version for g in source.launched] == [0, 0, 1, 1, 2, 2]
     step2 = reports[1].metrics
     assert step2["time/evaluate"] >= 0.3 and step2["time/step"] < 0.3 and step2["time/record"] < 0.3
@@ -177,19 +187,54 @@ async def test_in_sync_mode_the_next_step_starts_after_an_evaluation_and_its_tim
 async def test_in_async_mode_an_evaluation_holds_nothing_back():
     engine = SpyEngine()
     source = TickSource(engine)
-    launched_at_on_step = {}
+    launched_at_evaluate = {}
 
-    def on_step(report):
-        launched_at_on_step[report.step] = len(source.launched)
+    class Evaluating(StepPhases):
+        def evaluates_at(self, version):
+            return True
 
-    await run(policy(mode="async", tasks_per_step=1, steps=3, max_staleness=1), engine, source, on_step=on_step,
-              evaluates_at=lambda version: True)
-    assert launched_at_on_step[1] == 3  # two steps of groups in flight, the third admitted during the swap
+        async def evaluate(self, version):
+            launched_at_evaluate[version] = len(source.launched)
+
+    await run(policy(mode="async", tasks_per_step=1, steps=3, max_staleness=1), engine, source, phases=Evaluating())
+    assert launched_at_evaluate[1] == 3  # two steps of groups in flight, the third admitted during the swap
+
+
+async def test_a_step_reads_generate_train_record_evaluate_checkpoint_in_its_named_phases(tmp_path):
+    """Issue 27.4: evaluation is a named phase of the step, after its record; the checkpoint saved in the step is
+    announced last, after both."""
+    engine = SpyEngine()
+    heard = []
+
+    class Hearing(StepPhases):
+        def evaluates_at(self, version):
+            return True
+
+        async def phase(self, text):
+            heard.append(text)
+
+        async def record(self, report):
+            heard.append(("record", report.step, len(report.rollouts)))
+
+        async def evaluate(self, version):
+            heard.append(("evaluate", version, engine.version))
+
+        async def checkpoint(self, path, step):
+            heard.append(("checkpoint", step, path.name))
+
+    await run(policy(steps=1), engine, TickSource(engine), phases=Hearing(), checkpoint_dir=tmp_path)
+    assert heard == ["step 1: generating rollouts", "step 1: training on 4 rollouts",
+                     "step 1: syncing weights to the engine", "step 1: saving a checkpoint", "step 1: recording",
+                     ("record", 1, 4), ("evaluate", 1, 1), ("checkpoint", 1, "step-000001")]
 
 
 async def test_a_last_step_above_the_configured_steps_changes_nothing():
     engine = SpyEngine()
-    reports = await Scheduler(policy(steps=2), engine, TickSource(engine), last_step=lambda: 50).run()
+    class Later(StepPhases):
+        def last_step(self, configured):
+            return 50
+
+    reports = await Scheduler(policy(steps=2), engine, TickSource(engine), phases=Later()).run()
     assert [r.step for r in reports] == [1, 2]
 
 
@@ -295,11 +340,12 @@ async def test_it_counts_recording_in_the_next_step_and_reads_the_sources_score_
             self.score_seconds += 0.25  # each rollout's reward took 0.25 s
             return await super().next_finished()
 
-    async def record(report):
-        await asyncio.sleep(0.05)
+    class Recording(StepPhases):
+        async def record(self, report):
+            await asyncio.sleep(0.05)
 
     engine = SpyEngine()
-    reports = await run(policy(steps=2), engine, ScoringSource(engine), on_step=record)
+    reports = await run(policy(steps=2), engine, ScoringSource(engine), phases=Recording())
     first, second = reports[0].metrics, reports[1].metrics
     assert first["time/record"] == 0.0 and second["time/record"] >= 0.05  # step 1's report is stored in step 2
     assert first["time/score"] == pytest.approx(4 * 0.25) and second["time/score"] == pytest.approx(4 * 0.25)

@@ -7,7 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from trainer.config import TrainerConfig
 from trainer.policy import STATE_FILE, Policy
 from trainer.samples import CallRecord
-from trainer.scheduler import SCHEDULER_STATE_FILE, RolloutResult, Scheduler, read_counters
+from trainer.scheduler import SCHEDULER_STATE_FILE, RolloutResult, Scheduler, StepPhases, read_counters
 
 
 def tiny_policy(**overrides) -> Policy:
@@ -58,16 +58,16 @@ class Source:
 async def test_it_hears_of_each_complete_checkpoint_after_that_steps_report(tmp_path):
     heard = []
 
-    async def on_step(report):
-        heard.append(("step", report.step))
+    class Hearing(StepPhases):
+        async def record(self, report):
+            heard.append(("step", report.step))
 
-    async def on_checkpoint(path, step):
-        assert (path / STATE_FILE).is_file() and (path / SCHEDULER_STATE_FILE).is_file()
-        heard.append(("checkpoint", step, path.name))
+        async def checkpoint(self, path, step):
+            assert (path / STATE_FILE).is_file() and (path / SCHEDULER_STATE_FILE).is_file()
+            heard.append(("checkpoint", step, path.name))
 
     engine = Engine()
-    await Scheduler(tiny_policy(steps=2), engine, Source(), checkpoint_dir=tmp_path, on_step=on_step,
-                    on_checkpoint=on_checkpoint).run()
+    await Scheduler(tiny_policy(steps=2), engine, Source(), checkpoint_dir=tmp_path, phases=Hearing()).run()
     assert heard == [("step", 1), ("checkpoint", 1, "step-000001"), ("step", 2), ("checkpoint", 2, "step-000002")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001", "step-000002"]  # no .partial left
     # Step 2's groups are admitted while step 1's weights swap in, before the checkpoint: not in its weights.
