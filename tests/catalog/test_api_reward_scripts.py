@@ -67,7 +67,7 @@ def test_the_test_action_needs_task_and_outcome(alice_api, alice, make_reward):
 def test_without_a_worker_the_test_action_says_so_and_runs_nothing_here(alice_api, alice, make_reward, settings,
                                                                         monkeypatch, test_redis):
     from catalog import reward_tests
-    from runs import services
+    from catalog import services
 
     monkeypatch.setattr(reward_tests, "WAIT_MARGIN_S", 0.5)
     monkeypatch.setattr(services, "score_reward", lambda *a, **k: pytest.fail("the API process scored user code"))

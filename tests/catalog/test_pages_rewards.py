@@ -156,7 +156,7 @@ def score(client, **body):
 def test_the_web_process_only_queues_the_test_a_worker_scores_it(client, alice, bob, test_redis, monkeypatch):
     """Issue 26.9: the web tier runs no user code. The request is queued on the control worker's queue; the result
     is there once the task ran; another user cannot read it."""
-    from runs import services
+    from catalog import services
 
     def no_user_code_here(*args, **kwargs):
         raise AssertionError("the web process scored user code")
