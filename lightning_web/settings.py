@@ -307,11 +307,15 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
+# Loggers held at WARNING, comma-separated: `manage.py up` names Celery's per-task and beat loggers and httpx's
+# per-request one for its children (lightning_web.management.commands.up.QUIET_LOGGERS), so its console stays quiet.
+LIGHTNING_QUIET_LOGGERS = env_list("LIGHTNING_QUIET_LOGGERS", [])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {"django.channels.server": {"level": "WARNING"},
+                **{name: {"level": "WARNING"} for name in LIGHTNING_QUIET_LOGGERS}},
 }

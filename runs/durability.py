@@ -115,7 +115,7 @@ def sweep_lost_runs(now: datetime | None = None) -> dict[int, str]:
         try:
             services.reclaim_lost_run(run.pk, verdict.status, error=verdict.error, still_lost=still_lost)
         except common_errors.InvalidTransition as exc:
-            logger.info("run %s not reclaimed: %s", run.pk, exc)  # it beat or moved on since the query
+            logger.debug("run %s not reclaimed: %s", run.pk, exc)  # it beat or moved on since the query
             continue
         logger.warning("run %s (%s, worker start %d): no heartbeat for %.0f s; now %s", run.pk, run.status,
                        run.worker_starts, silent_s, verdict.status)

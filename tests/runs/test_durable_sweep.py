@@ -1,5 +1,6 @@
 """The sweep: runs whose worker stopped beating are cancelled, re-queued from their checkpoint, or failed."""
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -137,6 +138,28 @@ def test_a_worker_that_beats_after_the_sweep_looked_keeps_its_run(alice, make_ru
 def test_the_celery_task_sweeps(alice, make_run):
     run = held_run(make_run, alice, silent_s=61)
     assert sweep_lost_runs.apply().get() == {str(run.pk): "failed"}
+
+
+def test_a_sweep_with_nothing_to_do_logs_nothing(alice, make_run, caplog):
+    """Beat runs the sweep every LIGHTNING_SWEEP_EVERY_S: finding nothing, it must not reach `./lw up`'s console."""
+    held_run(make_run, alice, silent_s=5, name="beating")
+    make_run(alice, name="queued")  # fresh: its queue message may still be on its way
+    done = held_run(make_run, alice, silent_s=1000, name="done")
+    services.transition_run(done.pk, "succeeded")
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    assert sweep_lost_runs() == {}
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_a_sweep_that_reclaims_a_run_says_so_at_warning(alice, make_run, caplog):
+    run = held_run(make_run, alice, status="starting", silent_s=90)
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    assert sweep_lost_runs() == {str(run.pk): "failed"}
+    said = [r.getMessage() for r in caplog.records if r.name == "runs.durability" and r.levelno == logging.WARNING]
+    assert len(said) == 1 and said[0].startswith(f"run {run.pk} (starting, worker start 1): no heartbeat for ")
+    assert said[0].endswith("; now failed")
 
 
 # ---------------------------------------------------------------- runs whose queue message never left

@@ -18,6 +18,12 @@ from catalog.management.commands.models import ensure_smollm2
 from lightning_web import embedded_redis
 from lightning_web.supervisor import Supervisor
 
+QUIET_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat", "celery.worker.consumer.mingle", "httpx")
+"""Held at WARNING in the children (LIGHTNING_QUIET_LOGGERS): Celery's received and succeeded lines of every task and
+beat's line for every send (the sweep of lost runs printed three every LIGHTNING_SWEEP_EVERY_S, finding nothing),
+mingle's start-up chatter, and httpx's line per request (every model call a run makes through the proxy). Their
+warnings and errors still print; runs starting and ending are logged by runs.services."""
+
 
 class Command(BaseCommand):
     help = ("Set up the database and first user, then run the web server and the Celery workers (runs, and the "
@@ -72,17 +78,8 @@ class Command(BaseCommand):
         return user
 
     def _start(self, options) -> Supervisor:
-        python = sys.executable
-        env = dict(os.environ, REDIS_URL=settings.REDIS_URL, LIGHTNING_DATA_DIR=str(settings.DATA_DIR))
-        celery = [python, "-m", "celery", "-A", "lightning_web", "worker", "--pool", "solo", "--loglevel", "INFO"]
-        argvs = {"web": [python, "-m", "daphne", "-b", options["host"], "-p", str(options["port"]),
-                         "lightning_web.asgi:application"]}
-        if not options["no_worker"]:
-            # Runs take a worker for hours: the sweep of lost runs (beat, every LIGHTNING_SWEEP_EVERY_S) gets a
-            # worker of its own on the default queue, so it is never stuck behind a run.
-            argvs["worker"] = celery + ["-Q", "runs", "-n", f"runs@{os.uname().nodename}"]
-            argvs["control"] = celery + ["-Q", "default", "--beat", "-n", f"control@{os.uname().nodename}"]
-        children = Supervisor(argvs, env=env, say=self.stdout.write)
+        argvs = child_argvs(options["host"], options["port"], workers=not options["no_worker"])
+        children = Supervisor(argvs, env=child_env(), say=self.stdout.write)
         children.start()
         self.stdout.write("started " + ", ".join(f"{name} (pid {children.pid(name)})" for name in argvs))
         return children
@@ -115,3 +112,25 @@ class Command(BaseCommand):
         for child in children.dead():
             raise CommandError(f"the {child.name} process exited with code {child.proc.returncode} while starting; "
                                "see its output above")
+
+
+def child_argvs(host: str, port: int, workers: bool = True) -> dict[str, list[str]]:
+    """The command line of each child: the web server, and unless `workers` is false the two Celery workers."""
+    python = sys.executable
+    # --quiet: no banner, which would push the URL and login printed above off the screen.
+    celery = [python, "-m", "celery", "-A", "lightning_web", "--quiet", "worker", "--pool", "solo",
+              "--loglevel", "INFO"]
+    argvs = {"web": [python, "-m", "daphne", "-b", host, "-p", str(port), "lightning_web.asgi:application"]}
+    if workers:
+        # Runs take a worker for hours: the sweep of lost runs (beat, every LIGHTNING_SWEEP_EVERY_S) gets a
+        # worker of its own on the default queue, so it is never stuck behind a run.
+        argvs["worker"] = celery + ["-Q", "runs", "-n", f"runs@{os.uname().nodename}"]
+        argvs["control"] = celery + ["-Q", "default", "--beat", "-n", f"control@{os.uname().nodename}"]
+    return argvs
+
+
+def child_env() -> dict[str, str]:
+    """The environment of `up`'s children: this process's Redis and data dir, and QUIET_LOGGERS unless set."""
+    env = dict(os.environ, REDIS_URL=settings.REDIS_URL, LIGHTNING_DATA_DIR=str(settings.DATA_DIR))
+    env.setdefault("LIGHTNING_QUIET_LOGGERS", ",".join(QUIET_LOGGERS))
+    return env
