@@ -17,7 +17,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import aiohttp  # noqa: E402  (the load generator: cheaper per call than httpx, so it measures the servers)
 import httpx  # noqa: E402
 
 from common.procs import free_port, group_cpu_seconds, kill_group  # noqa: E402
@@ -155,7 +154,7 @@ class PathResult:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
 
 
-async def one_call(session: aiohttp.ClientSession, url: str, headers: dict, stream: bool) -> bool:
+async def one_call(session, url: str, headers: dict, stream: bool) -> bool:
     body = {"model": "bench-model", "messages": MESSAGES, "max_tokens": 256, "stream": stream}
     async with session.post(url, json=body, headers=headers) as r:
         if not stream:
@@ -169,6 +168,10 @@ async def one_call(session: aiohttp.ClientSession, url: str, headers: dict, stre
 
 async def run_load(name: str, url_for, headers_for, clients: int, calls: int, stream: bool) -> PathResult:
     """`clients` concurrent clients, each making `calls` calls in a row after one warm-up call."""
+    # The load generator: cheaper per call than httpx, so it measures the servers. Imported here, not at the top:
+    # the servers (this file with --serve) would otherwise carry its 10,000 objects through every full collection.
+    import aiohttp
+
     latencies: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=clients + 8)

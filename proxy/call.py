@@ -204,16 +204,18 @@ class Call:
                 self._submit(self._finish(500, None, None, "proxy error while calling the engine"))
                 raise
             acc = Accumulator(adapter.kind)
-            await self._relay(_assembled(chunks, acc), acc.result)
+            await self._relay(chunks, acc.result, acc)
 
-    async def _relay(self, chunks: AsyncIterator[dict], assembled: Callable[[], dict]) -> None:
+    async def _relay(self, chunks: AsyncIterator[dict], assembled: Callable[[], dict],
+                     acc: Accumulator | None = None) -> None:
         """Send the engine's chunks as the harness's event stream, recorded before its last event (499 if the harness
-        has gone by then); a failure mid-stream is recorded and ends the stream with an error event."""
+        has gone by then); a failure mid-stream is recorded and ends the stream with an error event. `assembled()` is
+        the engine's answer so far (`acc` assembles it from the chunks when the engine streams)."""
         adapter, self._task = self.adapter, asyncio.current_task()
         await self._send({"type": "http.response.start", "status": 200, "headers": sse.RAW_HEADERS})
         self.status = 200
         try:
-            async for piece in adapter.events(self._recorded(chunks, assembled)):
+            async for piece in adapter.events(self._recorded(chunks, assembled, acc)):
                 await self._send_body(piece)
             await self._send_body(b"", more=False)
         except asyncio.CancelledError:
@@ -235,10 +237,13 @@ class Call:
                 answer = assembled()
                 self._submit(self._finish(CLIENT_CLOSED, answer, adapter.response(answer), self._cut_short()))
 
-    async def _recorded(self, chunks: AsyncIterator[dict], assembled: Callable[[], dict]) -> AsyncIterator[dict]:
-        """The chunks, then the call recorded: before the stream's last event, so it is stored when the harness
-        sees the stream end."""
+    async def _recorded(self, chunks: AsyncIterator[dict], assembled: Callable[[], dict],
+                        acc: Accumulator | None) -> AsyncIterator[dict]:
+        """The chunks (each added to `acc`), then the call recorded: before the stream's last event, so it is stored
+        when the harness sees the stream end."""
         async for chunk in chunks:
+            if acc is not None:
+                acc.add(chunk)
             yield chunk
         answer = assembled()
         await self._store(await self._answered(answer, self.adapter.response(answer)))
@@ -333,12 +338,6 @@ class Call:
 
 async def _replayed(chunks: list[dict]) -> AsyncIterator[dict]:
     for chunk in chunks:
-        yield chunk
-
-
-async def _assembled(chunks: AsyncIterator[dict], acc: Accumulator) -> AsyncIterator[dict]:
-    async for chunk in chunks:
-        acc.add(chunk)
         yield chunk
 
 

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpcore
 import httpx
 
+from proxy.sockets import AsyncioBackend
 from proxy.types import UpstreamConfig
 
 logger = logging.getLogger(__name__)
@@ -84,18 +86,31 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     return response.aiter_bytes()
 
 
+class _Pool(httpx.AsyncHTTPTransport):
+    """httpx's transport over an httpcore pool whose connections read and write through proxy.sockets, not anyio."""
+
+    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
+        super().__init__(limits=limits, verify=tls)
+        # httpx takes no network backend for httpcore: its pool is made again, with the same settings and ours
+        # (httpx is pinned in requirements.txt; `_pool` is what its handle_async_request and aclose use).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=tls, max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=AsyncioBackend())
+
+
 class ShardedTransport(httpx.AsyncBaseTransport):
     """Connection pools side by side, each request to the least busy one.
 
-    httpcore re-checks every pooled connection (a socket poll each) whenever a request starts or ends, so
-    one pool of N connections costs O(N) per request and O(N^2) per second at N concurrent calls: 64
-    concurrent calls through one pool used half the proxy's CPU. Small pools keep each check short.
+    httpcore re-checks every pooled connection whenever a request starts or ends, so one pool of N connections
+    costs O(N) per request and O(N^2) per second at N concurrent calls: 64 concurrent calls through one pool used
+    half the proxy's CPU. Small pools keep each check short.
     """
 
     def __init__(self, shards: int, connections_per_shard: int) -> None:
         limits = httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard)
         tls = ssl.create_default_context()  # one context for all shards: building one costs tens of ms
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
+        self._pools = [_Pool(limits, tls) for _ in range(shards)]
         self._busy = [0] * shards
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
