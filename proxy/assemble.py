@@ -44,7 +44,9 @@ class Accumulator:
 
     def _add_choice(self, raw: dict) -> None:
         index = raw.get("index", 0)
-        choice = self.choices.setdefault(index, _Choice(index))
+        choice = self.choices.get(index)
+        if choice is None:  # not setdefault: that would build a _Choice (six lists) for every chunk
+            choice = self.choices[index] = _Choice(index)
         if raw.get("token_ids") is not None:
             choice.has_token_ids = True
             choice.token_ids.extend(raw["token_ids"])
@@ -69,9 +71,10 @@ class Accumulator:
         if reasoning:
             choice.reasoning.append(reasoning)
         for call in delta.get("tool_calls") or ():
-            slot = choice.tool_calls.setdefault(
-                call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
+            slot = choice.tool_calls.get(call.get("index", 0))
+            if slot is None:
+                slot = choice.tool_calls[call.get("index", 0)] = {
+                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}}
             if call.get("id"):
                 slot["id"] = call["id"]
             function = call.get("function") or {}

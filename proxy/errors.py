@@ -7,6 +7,8 @@ from typing import Any
 from starlette.responses import Response
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
+CLIENT_CLOSED = 499
+"""Status of a call whose harness hung up before it had the whole answer (nginx's code)."""
 
 # status -> (OpenAI error type, Anthropic error type)
 _TYPES: dict[int, tuple[str, str]] = {

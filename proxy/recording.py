@@ -1,15 +1,16 @@
-"""Hands calls to the Recorder without losing any (failures are retried from a queue), one record per sample,
-and remembers recent Responses API answers for `previous_response_id`."""
+"""Hands calls to the Recorder without losing any (failures are retried from a queue), one record per sample, counts
+each rollout's records not yet stored, and remembers recent Responses API answers for `previous_response_id`."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import Protocol
 from dataclasses import replace
 
 from proxy.assemble import extract_tokens
-from proxy.types import RecordedCall, Recorder, ResponseFinder, samples_asked
+from proxy.types import RecordedCall, Recorder, ResponseFinder, RolloutInfo, samples_asked
 
 logger = logging.getLogger(__name__)
 
@@ -184,3 +185,84 @@ class RecordingQueue:
         for call in self.retry:
             logger.critical("rollout %s seq %s: call NOT recorded at shutdown (recorder failing)",
                             call.rollout_id, call.seq)
+
+
+class Waiting(Protocol):
+    """A call still waiting for its answer, as Outstanding sees it."""
+
+    hung_up: bool  # its harness disconnected: its record (499) is never trained, so nothing waits for it
+    samples: int  # records it will make (seqs it holds)
+
+
+class Outstanding:
+    """Each rollout's seqs handed out and its records not yet stored, so a trainer knows when a rollout's trajectory is
+    whole in the recorder (`settled`).
+
+    A seq is outstanding from admission (or a refusal at the gate) until the recorder has stored its record: still
+    waiting for the engine, being written, or queued for retry while the database refuses it.
+    """
+
+    def __init__(self) -> None:
+        self._next_seq: dict[str, int] = {}
+        self._unstored: dict[str, int] = {}
+        self.waiting: dict[str, set[Waiting]] = {}
+        """Calls still waiting for their answer, by rollout (see unstored)."""
+        self._listeners = 0
+        self._changed = asyncio.Condition()  # bound to the serving loop on first use
+
+    def take(self, info: RolloutInfo, count: int = 1) -> int:
+        """The first of `count` consecutive seqs for the rollout (after those recorded before a restart)."""
+        seq = max(self._next_seq.get(info.rollout_id, 0), info.next_seq)
+        self._next_seq[info.rollout_id] = seq + count
+        self._unstored[info.rollout_id] = self._unstored.get(info.rollout_id, 0) + count
+        return seq
+
+    def wait(self, rollout_id: str, call: Waiting) -> None:
+        """`call` waits for its answer (until `answered`)."""
+        self.waiting.setdefault(rollout_id, set()).add(call)
+
+    def answered(self, rollout_id: str, call: Waiting) -> None:
+        """`call` has its record built: it waits no more."""
+        calls = self.waiting.get(rollout_id)
+        if calls is not None:
+            calls.discard(call)
+            if not calls:
+                del self.waiting[rollout_id]
+
+    def stored(self, record: RecordedCall) -> None:
+        """The recorder has stored `record` (RecordingQueue's on_stored)."""
+        left = self._unstored.get(record.rollout_id, 0) - 1
+        if left > 0:
+            self._unstored[record.rollout_id] = left
+        else:
+            self._unstored.pop(record.rollout_id, None)
+        if self._listeners:
+            asyncio.get_running_loop().create_task(self.changed())
+
+    async def changed(self) -> None:
+        """Wake `settled` waiters to look again (a record stored, a harness hung up)."""
+        if not self._listeners:
+            return
+        async with self._changed:
+            self._changed.notify_all()
+
+    def unstored(self, rollout_id: str) -> int:
+        """Records of the rollout's calls that a trainer must still wait for: built (answered or refused) and not
+        yet stored (still writing, or queued for retry while the database refuses them), plus calls still waiting
+        for the engine whose harness is connected. A call whose harness hung up is recorded later as 499, which is
+        never trained: nothing waits for it."""
+        gone = sum(call.samples for call in self.waiting.get(rollout_id, ()) if call.hung_up)
+        return self._unstored.get(rollout_id, 0) - gone
+
+    async def settled(self, rollout_id: str, timeout: float) -> int:
+        """Wait up to `timeout` s until the rollout's trajectory is whole in the recorder (unstored() is 0); the
+        records still missing then (0: whole)."""
+        self._listeners += 1
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.unstored(rollout_id) == 0), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._listeners -= 1
+        return self.unstored(rollout_id)

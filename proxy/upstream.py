@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpcore
 import httpx
 
+from proxy.sockets import AsyncioBackend
 from proxy.types import UpstreamConfig
 
 logger = logging.getLogger(__name__)
@@ -66,9 +68,8 @@ class _Released(httpx.AsyncByteStream):
     def __init__(self, stream: httpx.AsyncByteStream, release) -> None:
         self._stream, self._release = stream, release
 
-    async def __aiter__(self):
-        async for part in self._stream:
-            yield part
+    def __aiter__(self):
+        return self._stream.__aiter__()  # the pool's own iterator: no generator in between for every chunk
 
     async def aclose(self) -> None:
         try:
@@ -77,18 +78,39 @@ class _Released(httpx.AsyncByteStream):
             self._release()
 
 
+def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as it arrives: the transport's own stream (no decoder or re-chunking in between) unless the engine
+    compressed it (the proxy asks for no encoding, so it never should)."""
+    if response.headers.get("content-encoding", "identity") == "identity":
+        return response.stream.__aiter__()
+    return response.aiter_bytes()
+
+
+class _Pool(httpx.AsyncHTTPTransport):
+    """httpx's transport over an httpcore pool whose connections read and write through proxy.sockets, not anyio."""
+
+    def __init__(self, limits: httpx.Limits, tls: ssl.SSLContext) -> None:
+        super().__init__(limits=limits, verify=tls)
+        # httpx takes no network backend for httpcore: its pool is made again, with the same settings and ours
+        # (httpx is pinned in requirements.txt; `_pool` is what its handle_async_request and aclose use).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=tls, max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
+            network_backend=AsyncioBackend())
+
+
 class ShardedTransport(httpx.AsyncBaseTransport):
     """Connection pools side by side, each request to the least busy one.
 
-    httpcore re-checks every pooled connection (a socket poll each) whenever a request starts or ends, so
-    one pool of N connections costs O(N) per request and O(N^2) per second at N concurrent calls: 64
-    concurrent calls through one pool used half the proxy's CPU. Small pools keep each check short.
+    httpcore re-checks every pooled connection whenever a request starts or ends, so one pool of N connections
+    costs O(N) per request and O(N^2) per second at N concurrent calls: 64 concurrent calls through one pool used
+    half the proxy's CPU. Small pools keep each check short.
     """
 
     def __init__(self, shards: int, connections_per_shard: int) -> None:
         limits = httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard)
         tls = ssl.create_default_context()  # one context for all shards: building one costs tens of ms
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
+        self._pools = [_Pool(limits, tls) for _ in range(shards)]
         self._busy = [0] * shards
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -107,8 +129,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         except BaseException:
             release()
             raise
-        return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_Released(response.stream, release), extensions=response.extensions)
+        response.stream = _Released(response.stream, release)
+        return response
 
     async def aclose(self) -> None:
         for pool in self._pools:
@@ -116,39 +138,57 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
 
 class Upstream:
-    """One long-lived AsyncClient to an OpenAI-compatible engine (its pool sharded, see ShardedTransport)."""
+    """One long-lived connection pool to an OpenAI-compatible engine (sharded, see ShardedTransport).
+
+    Requests go straight to the httpx transport, not through an AsyncClient: the client's layers (URL merging,
+    cookie extraction, auth and redirect flows, a second stream wrapper) cost about a tenth of the proxy's CPU per
+    call and do nothing for an engine that sets no cookies and never redirects. What the client would add is kept:
+    explicit timeouts (the transport's `timeout` extension), the bearer key, and every transport error mapped once.
+    """
 
     def __init__(self, config: UpstreamConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
+        self._base = config.base_url.rstrip("/") + "/"
         # vLLM serves /tokenize at its root, beside /v1 rather than under it.
         self._root = config.base_url.rstrip("/").removesuffix("/v1") + "/"
-        headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/") + "/",
-            headers=headers,
-            timeout=httpx.Timeout(
-                connect=config.connect_timeout_s,
-                read=config.read_timeout_s,
-                write=config.write_timeout_s,
-                pool=config.pool_timeout_s,
-            ),
-            transport=transport or ShardedTransport(
-                config.pool_shards, -(-config.max_connections // config.pool_shards)
-            ),
-        )
+        self._auth = [("authorization", f"Bearer {config.api_key}")] if config.api_key else []
+        self._json = [("content-type", "application/json"), *self._auth]
+        self._timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
+                                      write=config.write_timeout_s, pool=config.pool_timeout_s).as_dict()
+        self._transport = transport or ShardedTransport(
+            config.pool_shards, -(-config.max_connections // config.pool_shards))
+        self._urls: dict[str, httpx.URL] = {}
+
+    def _request(self, method: str, path: str, body: dict | None = None, timeout: dict | None = None) -> httpx.Request:
+        """`path` below the base URL (or an absolute URL), with a JSON body."""
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path: httpx's URL parsing is dear
+            url = self._urls[path] = httpx.URL(path if "://" in path else self._base + path)
+        content = None if body is None else json.dumps(body).encode()
+        return httpx.Request(method, url, headers=self._auth if body is None else self._json, content=content,
+                             extensions={"timeout": timeout or self._timeout})
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._transport.handle_async_request(request)
+        except httpx.HTTPError as exc:
+            raise _map_transport_error(exc) from exc
 
     async def post_json(self, path: str, body: dict) -> dict:
         """POST a JSON body, return the decoded JSON answer."""
+        response = await self._send(self._request("POST", path, body))
         try:
-            response = await self._client.post(path, content=json.dumps(body).encode(), headers=_JSON)
+            content = b"".join([part async for part in _body(response)])
         except httpx.HTTPError as exc:
             raise _map_transport_error(exc) from exc
+        finally:
+            await response.aclose()
         if response.status_code >= 400:
             raise UpstreamStatusError(
-                f"engine answered {response.status_code}", _decode_error_body(response.content), response.status_code
+                f"engine answered {response.status_code}", _decode_error_body(content), response.status_code
             )
         try:
-            data = response.json()
+            data = json.loads(content)
         except ValueError as exc:
             raise UpstreamUnavailable("engine answered with invalid JSON") from exc
         if not isinstance(data, dict):
@@ -158,8 +198,13 @@ class Upstream:
     async def healthy(self, timeout_s: float = 2.0) -> bool:
         """Whether the engine answers GET /health (at its root) with 200 within `timeout_s`."""
         try:
-            response = await self._client.get(self._root + "health", timeout=timeout_s)
-        except httpx.HTTPError:
+            response = await self._send(self._request("GET", self._root + "health",
+                                                      timeout=httpx.Timeout(timeout_s).as_dict()))
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        except (UpstreamError, httpx.HTTPError):
             return False
         return response.status_code == 200
 
@@ -170,11 +215,7 @@ class Upstream:
     @asynccontextmanager
     async def stream(self, path: str, body: dict) -> AsyncIterator[AsyncIterator[dict]]:
         """POST a streaming request; yields an iterator over the decoded `data:` events (ends at [DONE])."""
-        request = self._client.build_request("POST", path, content=json.dumps(body).encode(), headers=_JSON)
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise _map_transport_error(exc) from exc
+        response = await self._send(self._request("POST", path, body))
         try:
             if response.status_code >= 400:
                 try:
@@ -191,7 +232,7 @@ class Upstream:
     async def _events(self, response: httpx.Response) -> AsyncIterator[dict]:
         done, pending = False, b""
         try:
-            async for data in response.aiter_bytes():  # split lines here: cheaper than aiter_lines per event
+            async for data in _body(response):  # split lines here: cheaper than aiter_lines per event
                 lines = (pending + data).split(b"\n")
                 pending = lines.pop()
                 for line in lines:
@@ -221,7 +262,5 @@ class Upstream:
         return event
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
 
-
-_JSON = {"content-type": "application/json"}

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from common.procs import rss_bytes
-from proxy.app import STREAM_INCOMPLETE, create_app
+from proxy.app import create_app
+from proxy.call import STREAM_INCOMPLETE
 from proxy.types import UpstreamConfig
 from tests.proxy.conftest import SERVED, LiveServer, headers, until
 from tests.proxy.fake_upstream import Reply

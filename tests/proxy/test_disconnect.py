@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from proxy.app import NOT_DELIVERED
+from proxy.call import NOT_DELIVERED
 from tests.proxy.conftest import headers, until
 from tests.proxy.fake_upstream import IM_END, encode, render_chat
 

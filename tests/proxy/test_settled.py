@@ -40,7 +40,7 @@ async def test_a_call_whose_harness_hung_up_does_not_hold_its_rollout(live, fake
     async with httpx.AsyncClient(base_url=base + "/v1", headers=headers(), timeout=httpx.Timeout(10, read=0.2)) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post("/chat/completions", json=CHAT)
-    await until(lambda: all(call.hung_up for call in app._live.get("r1", ())), "the hang-up seen")
+    await until(lambda: all(call.hung_up for call in app.outstanding.waiting.get("r1", ())), "the hang-up seen")
     assert app.unstored("r1") == 0 and await app.settled("r1", 0.5) == 0  # the engine still works on it
     await until(lambda: len(recorder.calls) == 1, "the abandoned call recorded", timeout_s=10)
     assert recorder.calls[0].status_code == 499 and app.unstored("r1") == 0
