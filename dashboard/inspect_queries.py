@@ -149,7 +149,7 @@ def _attempt(r: dict, samples: list[dict], failure_reward: float) -> dict[str, A
 
 def _groups(attempts: list[dict]) -> list[dict[str, Any]]:
     """GRPO groups in order; a group gives no signal when its counted trained rewards are all equal (or none
-    counts): every advantage is zero, as scheduler.rollout_metrics' groups/with_signal counts it."""
+    counts): every advantage is zero, as step_metrics.rollout_metrics' groups/with_signal counts it."""
     groups: dict[int, dict[str, Any]] = {}
     for a in attempts:
         g = groups.setdefault(a["group"], {"group": a["group"], "task": a["task"],
@@ -233,7 +233,7 @@ def _timeline(run: Run, step: int, attempts: list[dict]) -> dict[str, Any]:
 
 def _phase_name(text: str) -> tuple[str, str]:
     """The phase without its progress ('evaluating step 3: 10/40' -> 'evaluating step 3') and its kind for the
-    band's colour: generate, train, sync, eval, checkpoint, record or other (trainer.scheduler and
+    band's colour: generate, train, sync, eval, checkpoint, record or other (trainer.step_metrics and
     runs.evaluation write these texts)."""
     lower = text.lower()
     name = text.split(": ")[0] if lower.startswith("evaluating") else text
