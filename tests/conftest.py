@@ -13,7 +13,10 @@ from rest_framework.test import APIClient
 
 from lightning_web.celery import app as celery_app
 
-pytest_plugins = ["tests.ci_required"]  # in CI a skip for a missing sandbox, engine venv or Chromium fails
+pytest_plugins = [
+    "tests.ci_required",  # in CI a skip for a missing sandbox, engine venv or Chromium fails
+    "tests.tiers",  # the fast tier (`./lw test`) and the full one (`./lw test --all`)
+]
 
 # Tests talk to the same real Redis as the app (embedded or REDIS_URL) but never to its queues or groups. A second
 # test session on the same machine (CI while a developer tests) takes its own database with LIGHTNING_TEST_REDIS_DB
