@@ -14,7 +14,15 @@ from proxy.admission import HOLD, Admission
 from proxy.anthropic_api import MessagesAdapter, tokenize_body
 from proxy.budget import BodyBudget
 from proxy.call import Call
-from proxy.errors import ANTHROPIC, OPENAI, ProxyError, check_field, error_body, error_response, upstream_error_message
+from proxy.errors import (
+    ANTHROPIC,
+    OPENAI,
+    ProxyError,
+    check_field,
+    error_body,
+    error_response,
+    upstream_error_message,
+)
 from proxy.gate import Gate
 from proxy.openai_api import Adapter, ChatAdapter, CompletionsAdapter
 from proxy.recording import Outstanding, RecordingQueue

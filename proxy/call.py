@@ -14,7 +14,13 @@ from starlette.requests import Request
 
 from proxy import sse
 from proxy.assemble import Accumulator, Tokens, chunks_from_answer, extract_tokens
-from proxy.errors import CLIENT_CLOSED, ProxyError, error_body, error_response, upstream_error_message
+from proxy.errors import (
+    CLIENT_CLOSED,
+    ProxyError,
+    error_body,
+    error_response,
+    upstream_error_message,
+)
 from proxy.openai_api import Adapter
 from proxy.replicas import Placement
 from proxy.sampling import constraint_of, enforce_sampling, rollout_sampling

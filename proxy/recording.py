@@ -1,16 +1,26 @@
-"""Hands calls to the Recorder without losing any (failures are retried from a queue), one record per sample, counts
-each rollout's records not yet stored, and remembers recent Responses API answers for `previous_response_id`."""
+"""Hands calls to the Recorder without losing any, one record per sample, and counts what is not stored yet.
+
+Failed records are retried from a queue; `Outstanding` counts each rollout's records not yet stored (so a trainer
+knows when a trajectory is whole), and `ResponseLog` remembers recent Responses API answers for
+`previous_response_id`.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Protocol
 from dataclasses import replace
+from typing import Protocol
 
 from proxy.assemble import extract_tokens
-from proxy.types import RecordedCall, Recorder, ResponseFinder, RolloutInfo, samples_asked
+from proxy.types import (
+    RecordedCall,
+    Recorder,
+    ResponseFinder,
+    RolloutInfo,
+    samples_asked,
+)
 
 logger = logging.getLogger(__name__)
 

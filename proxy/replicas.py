@@ -1,6 +1,7 @@
-"""Several replicas of one engine behind the proxy: each rollout pinned to one replica (so its prefix cache is
-reused turn after turn), a new rollout sent to the least busy one, and a call cut off by a dying replica retried
-once on another.
+"""Several replicas of one engine behind the proxy: rollouts pinned, new ones to the least busy, cut calls retried.
+
+Each rollout is pinned to one replica (so its prefix cache is reused turn after turn), a new rollout is sent to the
+least busy one, and a call cut off by a dying replica is retried once on another.
 
 With one engine (UpstreamConfig.replica_urls empty) every call goes straight to it: no pinning, no retry, and
 calls are recorded with replica None, exactly as before replicas existed.

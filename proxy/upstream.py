@@ -78,6 +78,15 @@ class _Released(httpx.AsyncByteStream):
             self._release()
 
 
+def _utf8_json(data: bytes) -> Any:
+    """json.loads for the engine's answers, which are UTF-8 (JSON between systems and event streams always are):
+    without json.loads's guess at UTF-16 and UTF-32 for every chunk."""
+    return _DECODER.decode(data.decode("utf-8", "surrogatepass"))
+
+
+_DECODER = json.JSONDecoder()
+
+
 def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     """The body as it arrives: the transport's own stream (no decoder or re-chunking in between) unless the engine
     compressed it (the proxy asks for no encoding, so it never should)."""
@@ -188,7 +197,7 @@ class Upstream:
                 f"engine answered {response.status_code}", _decode_error_body(content), response.status_code
             )
         try:
-            data = json.loads(content)
+            data = _utf8_json(content)
         except ValueError as exc:
             raise UpstreamUnavailable("engine answered with invalid JSON") from exc
         if not isinstance(data, dict):
@@ -254,7 +263,7 @@ class Upstream:
         if data == b"[DONE]":
             return None
         try:
-            event = json.loads(data)
+            event = _utf8_json(data)
         except ValueError as exc:
             raise UpstreamUnavailable(f"engine sent an invalid stream event: {data[:200]!r}") from exc
         if isinstance(event, dict) and "choices" not in event and ("error" in event or event.get("object") == "error"):

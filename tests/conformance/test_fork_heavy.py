@@ -22,7 +22,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from proxy.app import create_app
-from proxy.scripted_engine import Answer, ScriptedEngine, ScriptedServer, task_command, text_of
+from proxy.scripted_engine import ScriptedEngine, ScriptedServer
+from proxy.scripted_policy import Answer, task_command, text_of
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
 from runs import rollout_services

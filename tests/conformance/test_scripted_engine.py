@@ -6,7 +6,8 @@ import json
 import httpx
 import pytest
 
-from proxy.scripted_engine import SIDE_ANSWER, ScriptedEngine, ScriptedServer, tool_arguments
+from proxy.scripted_engine import ScriptedEngine, ScriptedServer
+from proxy.scripted_policy import SIDE_ANSWER, tool_arguments
 from tests.conformance.conftest import CONFORMANCE_TASK
 
 COMMAND = "sed -i 's/draft/final/' notes.txt"

@@ -134,3 +134,24 @@ async def test_it_records_a_stream_whose_harness_left_before_the_first_byte_as_4
     assert call.completion_ids[-1] == IM_END and len(call.logprobs) == len(call.completion_ids) == len(
         encode("Hello! You said: hi")) + 1
     assert fake.answered == 1
+
+
+async def test_a_slow_stream_whose_harness_left_before_the_first_byte_is_still_read_to_its_end(live, fake, recorder):
+    """Nothing reached the harness, so nothing is cut: the engine's whole answer is recorded 499, as for whole answers
+    (a harness that leaves mid-stream has the stream stopped instead, see above)."""
+    app, base = live
+    fake.latency_s, fake.chunk_delay_s = 0.3, 0.05  # the answer streams for a quarter of a second after the hang-up
+    host, port = base.split("//")[1].split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    writer.write(f"POST /rollouts/r1/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nauthorization: Bearer s1\r\n"
+                 f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    await until(lambda: fake.calls == 1, "the call sent to the engine")
+    writer.close()
+    await until(lambda: len(recorder.calls) == 1 and app.gate.in_flight == 0, "the abandoned stream recorded")
+
+    [call] = recorder.calls
+    assert (call.status_code, call.error, call.stream) == (499, NOT_DELIVERED, True)
+    assert call.completion_ids == encode(ANSWER) + [IM_END] and call.finish_reason == "stop"
+    assert len(call.logprobs) == len(call.completion_ids)
