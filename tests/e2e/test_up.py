@@ -1,9 +1,11 @@
 """The README's first command on a fresh data dir: embedded SQLite and Redis, web + worker, a first user."""
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,14 +38,33 @@ def fresh_env(tmp_path, shared_models):
             pass
 
 
+_OUTPUT: dict[int, queue.Queue] = {}
+
+
+def _output(proc) -> queue.Queue:
+    """proc's output lines as a reader thread hands them over (None at the end): a bare readline would wait past
+    any deadline for a line that never comes."""
+    if proc.pid not in _OUTPUT:
+        lines = _OUTPUT[proc.pid] = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True, name=f"output-{proc.pid}").start()
+    return _OUTPUT[proc.pid]
+
+
 def read_until(proc, pattern, timeout=120):
-    lines, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
+    lines, deadline, output = [], time.monotonic() + timeout, _output(proc)
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = output.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
         lines.append(line)
         if re.search(pattern, line):
             return "".join(lines)
