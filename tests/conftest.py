@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.hashers import PBKDF2PasswordHasher, get_hashers, get_hashers_by_algorithm
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -25,6 +26,19 @@ TEST_REDIS_DB = int(os.environ.get("LIGHTNING_TEST_REDIS_DB", "15"))
 settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = (
     "lightning-test" if TEST_REDIS_DB == 15 else f"lightning-test-{TEST_REDIS_DB}")
 celery_app.conf.broker_url = settings.REDIS_URL.rsplit("/", 1)[0] + f"/{TEST_REDIS_DB}"
+
+
+class FastPasswordHasher(PBKDF2PasswordHasher):
+    """PBKDF2 at 1,000 iterations: the actors below are made afresh for each test (about 800 users in the fast tier,
+    0.3 s each at Django's default). The hashes say pbkdf2_sha256 and carry their iterations, so a daphne or worker
+    process on the default hashers verifies these passwords as it does any user's."""
+
+    iterations = 1000
+
+
+settings.PASSWORD_HASHERS = ["tests.conftest.FastPasswordHasher", *settings.PASSWORD_HASHERS]
+get_hashers.cache_clear()
+get_hashers_by_algorithm.cache_clear()
 
 ENGINE_CACHE_DIR = Path(tempfile.gettempdir()) / "lightning-test-engine-cache"
 REWARD_SOURCE = '''
