@@ -54,6 +54,7 @@ def stand():
 def calls_during_updates(proxy, engine, updates=3):
     """CLIENTS threads call in a loop while `engine` takes `updates` weight updates; returns when all stopped."""
     stop = threading.Event()
+    answered = [0] * CLIENTS
 
     def client(i):
         with httpx.Client(timeout=30) as http:
@@ -62,6 +63,7 @@ def calls_during_updates(proxy, engine, updates=3):
                 response = http.post(f"http://127.0.0.1:{proxy.port}/rollouts/r{i}/v1/chat/completions", json=body,
                                      headers={"authorization": "Bearer key"})
                 assert response.status_code == 200, response.text
+                answered[i] += 1
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
     for t in threads:
@@ -74,6 +76,9 @@ def calls_during_updates(proxy, engine, updates=3):
         finally:
             await engine.resume()
 
+    deadline = time.monotonic() + 30  # every client served once by version 0 first, however slowly threads start
+    while not all(answered) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for version in range(1, updates + 1):
         time.sleep(0.3)
         asyncio.run(update(version))
