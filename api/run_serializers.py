@@ -18,18 +18,23 @@ class PoolWaitSerializer(serializers.Serializer):
 
 class RunSerializer(serializers.ModelSerializer):
     waiting = serializers.SerializerMethodField(help_text="While queued: the pool it waits for; null otherwise")
+    open_alarms = serializers.SerializerMethodField(help_text="Health alarms not acknowledged (/runs/<id>/alarms/)")
 
     class Meta:
         model = Run
         fields = ["id", "name", "model", "model_info", "config", "harness", "dataset", "reward_script", "harness_snapshot",
                   "dataset_snapshot", "reward_snapshot", "cloned_from", "status", "step", "policy_version", "error",
                   "checkpoint_path", "celery_task_id", "heartbeat_at", "worker_starts", "isolation", "host", "pool", "waiting",
-                  "created_at", "started_at", "finished_at"]
+                  "open_alarms", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
     @extend_schema_field(PoolWaitSerializer(allow_null=True))
     def get_waiting(self, run):
         return pools.waiting(run)
+
+    def get_open_alarms(self, run) -> int:
+        annotated = getattr(run, "open_alarms_n", None)  # RunViewSet's lists annotate it: no query a row
+        return annotated if annotated is not None else run.alarms.filter(acknowledged_at__isnull=True).count()
 
 
 class PoolField(serializers.CharField):

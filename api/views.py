@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import django_filters
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, mixins, serializers, status, viewsets
@@ -151,6 +151,10 @@ class RunViewSet(OwnedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     queryset = Run.objects.all()
     serializer_class = s.RunSerializer
     filterset_fields = ["status", "harness", "dataset"]
+
+    def get_queryset(self):
+        return super().get_queryset().annotate(  # an aggregate drops Meta.ordering: say it again
+            open_alarms_n=Count("alarms", filter=Q(alarms__acknowledged_at__isnull=True))).order_by(*Run._meta.ordering)
 
     @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
     def create(self, request):

@@ -152,12 +152,10 @@ class RunForm(forms.Form):
         return self.cleaned_data.get("pool") or pools.DEFAULT_POOL
 
     def clean_extra(self):
-        value = self.cleaned_data.get("extra")
-        if value in (None, ""):
-            return {}
-        if not isinstance(value, dict):
-            raise forms.ValidationError("must be a JSON object, e.g. {\"note\": \"baseline\"}")
-        return value
+        return _json_object(self.cleaned_data.get("extra"), '{"note": "baseline"}')
+
+    def clean_health(self):
+        return _json_object(self.cleaned_data.get("health"), '{"no_signal_share": 0.9}')
 
     def run_arguments(self) -> dict[str, Any]:
         """cleaned_data as services.create_run takes it: the run's fields plus a `config` dict."""
@@ -173,3 +171,11 @@ class RunForm(forms.Form):
             self.add_error("model", str(cause))
         else:
             self.add_error(None, str(exc))
+
+
+def _json_object(value, example: str) -> dict:
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, dict):
+        raise forms.ValidationError(f"must be a JSON object, e.g. {example}")
+    return value

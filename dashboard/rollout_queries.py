@@ -114,7 +114,7 @@ def rollouts_page(run: Run, query: RolloutQuery) -> dict[str, Any]:
                               error_preview=Substr("error", 1, ERROR_PREVIEW))
                 .order_by(*SORTS[query.sort])
                 .values("id", "step", "split", "group", "attempt", "greedy", "status", "failure_kind", "reward",
-                        "call_count", "duration", "error_preview", "task__external_id", "created_at")
+                        "call_count", "duration", "error_preview", "task__external_id", "created_at", "flags")
                 [start:start + query.page_size])
     return {"count": count, "page": page, "pages": pages, "page_size": query.page_size, "sort": query.sort,
             "results": [_row(r) for r in selected]}
@@ -126,7 +126,7 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
             "greedy": r["greedy"], "status": r["status"], "failure_kind": r["failure_kind"], "reward": r["reward"],
             "calls": r["call_count"], "duration_s": duration.total_seconds() if duration is not None else None,
             "task": r["task__external_id"] or "", "error": r["error_preview"] or "",
-            "created_at": r["created_at"].isoformat()}
+            "created_at": r["created_at"].isoformat(), "flags": list(r.get("flags") or [])}
 
 
 class JsonArrayLength(Func):

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.formats import date_format
 
 from catalog import selectors
+from health import services as health_services
 from runs.models import Metric, Run, RunStatus
 
 REWARD = "reward/mean"
@@ -136,15 +137,16 @@ def sparklines(last_steps: dict[int, int], name: str = REWARD,
 
 
 def page_of_rows(user, filters: RunFilters, number) -> tuple[Page, list[dict[str, Any]]]:
-    """One page (PAGE_SIZE) of the list and its rows: three queries (count, runs with metrics, sparklines)."""
+    """One page (PAGE_SIZE) of the list and its rows: four queries (count, runs with metrics, sparklines, alarms)."""
     page = Paginator(list_runs(user, filters), PAGE_SIZE).get_page(number)
     found = list(page.object_list)
     lines = sparklines({run["pk"]: run["step"] for run in found})
+    alarms = health_services.open_counts(run["pk"] for run in found)
     now = timezone.now()
-    return page, [row(run, lines[run["pk"]], now) for run in found]
+    return page, [row(run, lines[run["pk"]], now, alarms.get(run["pk"], 0)) for run in found]
 
 
-def row(run: dict[str, Any], spark: list[list[float]], now: datetime) -> dict[str, Any]:
+def row(run: dict[str, Any], spark: list[list[float]], now: datetime, alarms: int = 0) -> dict[str, Any]:
     """One row of the runs list, the same shape for the template and the JSON backfill (runs_list.js)."""
     steps = run["config__steps"] if isinstance(run["config__steps"], int) else None
     elapsed = wall_seconds(run["started_at"], run["finished_at"], now)
@@ -160,6 +162,7 @@ def row(run: dict[str, Any], spark: list[list[float]], now: datetime) -> dict[st
         "created": date_format(timezone.localtime(run["created_at"]), "Y-m-d H:i"),
         "created_at": run["created_at"].isoformat(), "event_seq": run["event_seq"],
         "cancellable": run["status"] in ACTIVE - {RunStatus.CANCELLING},
+        "alarms": alarms,  # health alarms not acknowledged (the badge; run.alarm events keep it current)
     }
 
 

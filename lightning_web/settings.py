@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "lightning_web",
     "catalog",
     "runs",
+    "health",
     "dashboard",
 ]
 

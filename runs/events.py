@@ -18,9 +18,10 @@ RUN_PHASE = "run.phase"
 RUN_RESUMED = "run.resumed"  # went back to a checkpoint: later steps' points are dropped and redone
 ROLLOUT_STATUS = "rollout.status"
 CALL_RECORDED = "call.recorded"
+RUN_ALARM = "run.alarm"  # health.services: an alarm raised or acknowledged
 
 MESSAGE_TYPE = "run.event"  # the consumer method `run_event` receives these
-FEED_KINDS = frozenset({RUN_STATUS, RUN_METRICS, RUN_PHASE, RUN_RESUMED})
+FEED_KINDS = frozenset({RUN_STATUS, RUN_METRICS, RUN_PHASE, RUN_RESUMED, RUN_ALARM})
 """Also sent to the runs-list feeds (the run's owner's and the staff's): what a row of the runs list shows."""
 STAFF_FEED = "runs.staff"
 

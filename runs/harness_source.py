@@ -16,6 +16,7 @@ from django.conf import settings
 
 from catalog import services
 from catalog.models import Task
+from health import services as health_services
 from proxy.server import ProxyServer
 from runs import disk, rollout_services
 from runs.models import ModelCall, RolloutStatus, Run
@@ -149,10 +150,12 @@ class HarnessSource:
         if kind == scheduler.POLICY_FAILURE:
             detail = {**detail, "script_reward": reward}
             reward = self.config.failure_reward
+        flags = await db(health_services.rollout_flags)(rollout.pk, task.data, out.outcome,
+                                                        f"{out.stdout_tail}\n{out.stderr_tail}")
         await db(rollout_services.finish_rollout)(
             rollout.pk, status=RolloutStatus.FAILED if kind else RolloutStatus.SUCCEEDED, reward=reward,
             reward_detail=detail, exit_code=out.exit_code, stdout_tail=out.stdout_tail, stderr_tail=out.stderr_tail,
-            error=error, failure_kind=kind)
+            error=error, failure_kind=kind, outcome=out.outcome, flags=flags)
         return scheduler.RolloutResult(group, str(rollout.pk), calls, reward or 0.0, failure_kind=kind, error=error)
 
     async def _score(self, task: Task, out) -> tuple[float | None, dict, str]:

@@ -155,6 +155,13 @@ class Rollout(models.Model):
         max_length=500, blank=True,
         help_text="Why the rollout gave that step no trained sample ('infra_failure: ...', 'no_sampled_tokens'); "
                   "'' when trained or not yet in a step")
+    outcome = models.JSONField(
+        default=dict, blank=True, db_default={},
+        help_text="What the harness wrote to its output file, as the reward script got it (health.rescoring scores "
+                  "it again); {'_not_stored': reason} when it was over OUTCOME_LIMIT_BYTES")
+    flags = models.JSONField(
+        default=list, blank=True, db_default=[],
+        help_text="The reward-hacking lens's findings (health.audit): [{'kind': ..., 'evidence': ...}], [] if none")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

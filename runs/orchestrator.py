@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from catalog import registry
+from health import services as health_services
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
@@ -302,9 +303,11 @@ class RunPhases(scheduler.StepPhases):
         bug = reward_script_bug(report.rollouts, report.policy_version)
         if bug:
             raise RunSetupError(bug)
+        await health_services.in_run(health_services.check_step, run_id, report.policy_version)
 
     async def evaluate(self, version: int) -> None:
         await self.ctx.evaluator.maybe(version, force=version >= self.ctx.last_step())
+        await health_services.in_run(health_services.check_evaluation, self.ctx.run_id, version)
 
     async def checkpoint(self, path: Path, step: int) -> None:
         await db(services.record_checkpoint)(self.ctx.run_id, self.ctx.generation, str(path), step)

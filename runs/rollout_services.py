@@ -5,6 +5,7 @@ batch size, so the recorder's writes and the run's step share one locking discip
 """
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 
@@ -123,10 +124,13 @@ def start_rollout(rollout_id: int) -> None:
 
 
 def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward_detail: dict, exit_code: int | None,
-                   stdout_tail: str = "", stderr_tail: str = "", error: str = "", failure_kind: str = "") -> Rollout:
+                   stdout_tail: str = "", stderr_tail: str = "", error: str = "", failure_kind: str = "",
+                   outcome=None, flags: list | None = None) -> Rollout:
     """Close a rollout with its reward and harness output; its calls are refused from now on (409).
 
     `failure_kind` (FailureKind) says whose fault a failure was: "policy" or "infra"; "" when it did not fail.
+    `outcome` is what the harness reported (kept for re-scoring, up to OUTCOME_LIMIT_BYTES), `flags` the
+    reward-hacking lens's findings (health.audit).
     """
     if failure_kind not in FailureKind.values:
         raise common_errors.ServiceError(f"failure_kind must be one of {FailureKind.values}, got {failure_kind!r}")
@@ -139,6 +143,10 @@ def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward
         rollout.reward_detail = _strip_nul({**rollout.reward_detail, **reward_detail})
         rollout.stdout_tail, rollout.stderr_tail, rollout.error = (
             _strip_nul(stdout_tail[-16384:]), _strip_nul(stderr_tail[-16384:]), _strip_nul(error))
+        if outcome is not None:
+            rollout.outcome = stored_outcome(outcome)
+        if flags is not None:
+            rollout.flags = _strip_nul(list(flags))
         rollout.finished_at = timezone.now()
         rollout.save()
         services.emit_event(rollout.run_id, events.ROLLOUT_STATUS, {
@@ -146,6 +154,22 @@ def finish_rollout(rollout_id: int, *, status: str, reward: float | None, reward
             "group": rollout.group, "attempt": rollout.attempt, "error": rollout.error[:500],
             "failure_kind": failure_kind})
     return rollout
+
+
+OUTCOME_LIMIT_BYTES = 1_000_000
+"""The largest harness outcome (as JSON) a rollout keeps; a larger one is recorded by its size only."""
+
+
+def stored_outcome(outcome) -> dict:
+    """The outcome as a rollout keeps it: a dict (any other JSON value as {"_value": ...}), NULs as U+FFFD, or a note
+    of its size when it is over OUTCOME_LIMIT_BYTES (it cannot be re-scored then)."""
+    try:
+        size = len(json.dumps(outcome))
+    except (TypeError, ValueError):
+        return {"_not_stored": "not JSON"}
+    if size > OUTCOME_LIMIT_BYTES:
+        return {"_not_stored": f"{size} bytes, over the {OUTCOME_LIMIT_BYTES} kept"}
+    return _strip_nul(outcome if isinstance(outcome, dict) else {"_value": outcome})
 
 
 def cancel_unfinished_rollouts(run_id: int, error: str) -> int:

@@ -17,6 +17,7 @@ from catalog.registry import UnknownModel, resolve_model
 from catalog.services import HARNESS_FIELDS, check_owner
 from common.errors import InvalidModel, InvalidTransition, ServiceError
 from common.tasks import send_task
+from health import rules as health_rules
 from runs import events, pools
 from runs.models import Metric, Rollout, RolloutStatus, Run, RunEvent, RunStatus, Sample
 from trainer.config import ConfigError, TrainerConfig
@@ -79,8 +80,11 @@ def emit_events(run_id: int, items: list[tuple[str, dict[str, Any]]]) -> list[Ru
 
 
 def validate_run_config(config: dict[str, Any] | None) -> dict[str, Any]:
-    """The run config as TrainerConfig accepts it (defaults filled in); ConfigError otherwise."""
-    return TrainerConfig.from_dict(config).to_dict()
+    """The run config as TrainerConfig accepts it (defaults filled in), its alarm thresholds checked
+    (health.rules.thresholds); ConfigError otherwise."""
+    full = TrainerConfig.from_dict(config).to_dict()
+    health_rules.thresholds(full["health"])
+    return full
 
 
 def create_run(owner, *, name: str, model: str, config: dict[str, Any] | None, harness: Harness,

@@ -121,6 +121,9 @@ class TrainerConfig:
     eval_concurrency: int = 32
     """Evaluation attempts in flight at once (training keeps its own tasks_per_step * group_size): vLLM on 2 CPU
     cores answered 100 calls in 10.5 s at 32 concurrent, 21.6 s at 8."""
+    health: dict = field(default_factory=dict)
+    """Run-health alarm thresholds over their defaults (health.rules.DEFAULTS names them and says what each does);
+    {} keeps every default. The app checks the names and values when a run is created."""
     extra: dict = field(default_factory=dict)
     """Free-form notes carried along with the config (not interpreted)."""
 

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from catalog import selectors as catalog_selectors
 from common import errors as common_errors
 from dashboard import rollout_queries
+from dashboard.pages import health_pages
 from runs import pools, selectors, services, signal
 from runs.models import RolloutStatus, Run, RunStatus
 
@@ -36,6 +37,7 @@ def run_detail(request, run_id: int):
 def _render_detail(request, run: Run, action_error: str = "", status: int = 200):
     header = run_header(run)
     return render(request, "runs/detail.html", {
+        **health_pages.health_context(request, run),
         "run": run, "header": header, "cancellable": run.status in CANCELLABLE,
         "finishable": run.status in FINISHABLE and (_total_steps(run) or 0) > run.step + 1,
         "action_error": action_error, "rollout_statuses": RolloutStatus.values,

@@ -134,6 +134,13 @@ function row(rollout) {
   status.textContent = rollout.failure_kind ? `${rollout.status} (${rollout.failure_kind})` : rollout.status;
   const statusCell = document.createElement("td");
   statusCell.appendChild(status);
+  for (const flag of rollout.flags || []) {  // the reward-hacking lens (health.audit)
+    const badge = document.createElement("span");
+    badge.className = "flag-badge";
+    badge.textContent = `⚑ ${String(flag.kind).replace(/_/g, " ")}`;
+    badge.title = flag.evidence || "";
+    statusCell.append(" ", badge);
+  }
   const error = cellOf(rollout.error, "error");
   error.title = rollout.error;
   tr.append(

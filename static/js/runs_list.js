@@ -109,7 +109,10 @@ export function followRunsList(table) {
     phase.className = "phase muted";
     name.append(link, phase);
     const state = cell(tr, "state");
-    state.appendChild(document.createElement("span"));
+    const alarms = Object.assign(document.createElement("a"), { className: "alarm-badge", href: `${data.url}#health`,
+                                                                 title: "health alarms not acknowledged" });
+    alarms.append("⚠ ", Object.assign(document.createElement("span"), { className: "alarm-count" }));
+    state.append(document.createElement("span"), " ", alarms);
     const progress = cell(tr, "progress");
     progress.append(document.createElement("progress"), " ", Object.assign(document.createElement("span"),
                                                                                 { className: "step" }));
@@ -126,6 +129,11 @@ export function followRunsList(table) {
     const badge = tr.querySelector(".state span");
     badge.className = `status status-${data.status}`;
     badge.textContent = data.status;
+    const alarms = tr.querySelector(".alarm-badge");
+    if (alarms) {
+      alarms.hidden = !data.alarms;
+      alarms.querySelector(".alarm-count").textContent = String(data.alarms || 0);
+    }
     tr.querySelector(".phase").textContent = ACTIVE.has(data.status) ? data.phase || "" : "";
     const bar = tr.querySelector("progress");
     bar.max = data.steps || 1;
@@ -177,6 +185,8 @@ export function followRunsList(table) {
           .sort((a, b) => a[0] - b[0]).slice(-SPARK_POINTS);
       }
       if (PASS1 in values) data.pass1 = values[PASS1];
+    } else if (event.kind === "run.alarm") {  // raised (+1) or acknowledged (-1): health.services
+      data.alarms = Math.max(0, (data.alarms || 0) + (payload.acknowledged ? -1 : 1));
     } else if (event.kind === "run.resumed") {  // back to a checkpoint: later points are dropped and redone
       data.step = payload.step;
       data.spark = data.spark.filter(([step]) => step <= payload.step);

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "catalog", "common", "dashboard", "lightning_web", "proxy", "runs", "sandbox", "trainer")
+PACKAGES = ("api", "catalog", "common", "dashboard", "health", "lightning_web", "proxy", "runs", "sandbox", "trainer")
 MAX_LINES = 450
 
 

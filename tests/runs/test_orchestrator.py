@@ -118,6 +118,14 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
     assert set(Rollout.objects.filter(run=run).values_list("failure_kind", flat=True)) == {""}
     by_name = {(m.name, m.step): m.value for m in run.metrics.all()}
     assert by_name[("proxy/sampling_overridden_calls", 1)] == 8.0  # 4 rollouts x 2 calls
+    # Run health (health.services) checked each step: the harness's outcome kept for re-scoring, the step's
+    # health/* metrics recorded (2 calls with text in each rollout, no tools offered, none cut off by a timeout).
+    for rollout in Rollout.objects.filter(run=run):
+        assert set(rollout.outcome) == {"reply"} and rollout.flags == []
+    for step in (1, 2):
+        assert by_name[("health/empty_rollouts", step)] == 0.0
+        assert by_name[("health/offered_tools_share", step)] == 0.0
+        assert ("health/truncated_share", step) in by_name
     assert by_name[("time/generate", 1)] > 0 and by_name[("time/generate", 2)] > 0
     assert 0 < by_name[("train/logprob_mismatch_mean", 1)] <= by_name[("train/logprob_mismatch_max", 1)]
     assert by_name[("rollout/infra_failures", 1)] == by_name[("rollout/policy_failures", 1)] == 0

@@ -1,0 +1,147 @@
+"""The API of run health: a run's alarms (list, acknowledge) and its re-scorings (start, list, one with its
+per-rollout results). Routes under /api/v1/runs/<run>/ (api/urls.py); the run must be the caller's (404 else)."""
+from __future__ import annotations
+
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from catalog import selectors as catalog_selectors
+from catalog.models import RewardScript
+from health import rescoring
+from health import services as health_services
+from health.models import AlarmKind, Rescore, RescoredRollout, RescoreScope, RunAlarm
+from runs.models import Run
+
+
+class AlarmSerializer(serializers.ModelSerializer):
+    label = serializers.CharField(source="get_kind_display", read_only=True)
+    acknowledged_by = serializers.CharField(source="acknowledged_by.username", default=None, read_only=True)
+
+    class Meta:
+        model = RunAlarm
+        fields = ["id", "run", "step", "kind", "label", "severity", "message", "evidence", "rollout_ids", "created_at",
+                  "acknowledged_at", "acknowledged_by"]
+        read_only_fields = fields
+
+
+class RescoreSerializer(serializers.ModelSerializer):
+    reward_script_name = serializers.CharField(source="reward_snapshot.name", default=None, read_only=True)
+    reward_script_version = serializers.IntegerField(source="reward_snapshot.version", default=None, read_only=True)
+
+    class Meta:
+        model = Rescore
+        fields = ["id", "run", "reward_script", "reward_script_name", "reward_script_version", "scope", "step",
+                  "status", "total", "done", "summary", "error", "created_at", "finished_at"]
+        read_only_fields = fields
+
+
+class RescoreCreateSerializer(serializers.Serializer):
+    reward_script = serializers.PrimaryKeyRelatedField(queryset=RewardScript.objects.all(),
+                                                       help_text="The script (at its current version) to score with")
+    scope = serializers.ChoiceField(choices=RescoreScope.choices, default=RescoreScope.ALL)
+    step = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True,
+                                    help_text="With scope=step: the step whose train batch and evaluation to score")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:  # another user's script is not found, as everywhere in the API
+            self.fields["reward_script"].queryset = catalog_selectors.owned(RewardScript.objects.all(), request.user)
+
+
+class RescoredRolloutSerializer(serializers.ModelSerializer):
+    split = serializers.CharField(source="rollout.split", read_only=True)
+    step = serializers.IntegerField(source="rollout.step", read_only=True)
+    task = serializers.CharField(source="rollout.task.external_id", default=None, read_only=True)
+    changed = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RescoredRollout
+        fields = ["rollout", "split", "step", "task", "old_reward", "new_reward", "changed", "detail", "error"]
+        read_only_fields = fields
+
+    def get_changed(self, row) -> bool:
+        return not row.error and (row.old_reward is None or abs((row.new_reward or 0.0) - row.old_reward) > 1e-9)
+
+
+BIGGEST_ID = 2**63 - 1  # a larger id in the path is no row (and no database error)
+
+
+def _run(request, run_id: int) -> Run:
+    if run_id > BIGGEST_ID:
+        raise Http404
+    return get_object_or_404(catalog_selectors.owned(Run.objects.all(), request.user), pk=run_id)
+
+
+def _child(model, run: Run, pk: int):
+    if pk > BIGGEST_ID:
+        raise Http404
+    return get_object_or_404(model, run=run, pk=pk)
+
+
+class RunAlarmsView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(parameters=[OpenApiParameter("open", bool, description="Only alarms not acknowledged"),
+                               OpenApiParameter("kind", str, enum=AlarmKind.values)],
+                   responses=AlarmSerializer(many=True))
+    def get(self, request, run_id: int):
+        """The run's alarms, step by step (health.rules says what each kind means)."""
+        alarms = _run(request, run_id).alarms.select_related("acknowledged_by").order_by("step", "kind")
+        if request.query_params.get("open") in ("1", "true"):
+            alarms = alarms.filter(acknowledged_at__isnull=True)
+        if request.query_params.get("kind"):
+            alarms = alarms.filter(kind=request.query_params["kind"])
+        return Response(AlarmSerializer(alarms, many=True).data)
+
+
+class AlarmAcknowledgeView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=None, responses=AlarmSerializer)
+    def post(self, request, run_id: int, alarm_id: int):
+        """Mark the alarm seen: it stays listed; the runs list no longer counts it. A second time is a 409."""
+        alarm = _child(RunAlarm, _run(request, run_id), alarm_id)
+        return Response(AlarmSerializer(health_services.acknowledge(alarm, request.user)).data)
+
+
+class RunRescoresView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=RescoreSerializer(many=True))
+    def get(self, request, run_id: int):
+        return Response(RescoreSerializer(_run(request, run_id).rescores.all(), many=True).data)
+
+    @extend_schema(request=RescoreCreateSerializer, responses={201: RescoreSerializer})
+    def post(self, request, run_id: int):
+        """Re-score the run's stored rollouts (all, one step's, or the flagged ones) with a reward script, as a
+        background job; the run's own rewards are never changed."""
+        run = _run(request, run_id)
+        body = RescoreCreateSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        rescore = rescoring.start_rescore(request.user, run, data["reward_script"], data["scope"], data.get("step"))
+        return Response(RescoreSerializer(rescore).data, status=status.HTTP_201_CREATED)
+
+
+class RescoreDetailView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(parameters=[OpenApiParameter("changed", bool, description="Only rollouts whose reward changed")],
+                   responses=RescoreSerializer)
+    def get(self, request, run_id: int, rescore_id: int):
+        """The re-scoring with its summary, and a page of its per-rollout results (`results`, limit/offset)."""
+        rescore = _child(Rescore, _run(request, run_id), rescore_id)
+        rows = rescore.results.select_related("rollout", "rollout__task").order_by("rollout_id")
+        if request.query_params.get("changed") in ("1", "true"):
+            rows = [row for row in rows if RescoredRolloutSerializer().get_changed(row)]
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return Response({**RescoreSerializer(rescore).data, "results_count": paginator.count,
+                         "results": RescoredRolloutSerializer(page, many=True).data})
