@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_TEXT = re.compile(
-    r"<tool_call>|</tool_call>|<function=|<\|python_tag\|>|\[TOOL_CALLS\]|<invoke name=|<\|tool_call|"
+    r"<tool_call>\s*\{\s*\"(?:name|function)\"\s*:|<function=[\w.-]+>|<\|python_tag\|>\s*\{\s*\"name\"|"
+    r"\[TOOL_CALLS\]\s*\[?\s*\{\s*\"name\"|<invoke name=\"[\w.-]+\"|"
     r"\{\s*\"(?:name|function|tool)\"\s*:\s*\"[\w.-]+\"\s*,\s*\"(?:arguments|parameters|args|input)\"\s*:",
     re.IGNORECASE)
-"""Assistant text that is a tool call in one of the formats models are trained on (Hermes/Qwen <tool_call>, Llama
-<|python_tag|> and <function=...>, Mistral [TOOL_CALLS], Anthropic-style <invoke>, bare {"name": ..., "arguments":
-...} JSON): in a call that offered tools and whose response carries no parsed tool call, nothing executed it."""
+"""Assistant text that is a whole tool call, named, in one of the formats models are trained on (Hermes/Qwen
+<tool_call>{"name": ...}, Llama <|python_tag|>{"name": ...} and <function=...>, Mistral [TOOL_CALLS][{"name": ...}],
+Anthropic-style <invoke name=...>, bare {"name": ..., "arguments": ...} JSON): in a call that offered tools and
+whose response carries no parsed tool call, nothing executed it. A marker alone (a stray <tool_call> token, which an
+untrained model emits) is not a call."""
 CODE_BLOCK = re.compile(r"```[ \t]*([\w.+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 SHELL_LANGS = frozenset({"", "bash", "sh", "shell", "console", "zsh", "mswea_bash_command"})
 

@@ -47,10 +47,11 @@ def store_step(run, step: int, groups: list[list[Attempt]], metrics: dict | None
                first_group: int | None = None) -> list[Rollout]:
     """Store step `step` of `run`: its rollouts (finished, with calls), then record_step's samples, batch and metrics."""
     first_group = step * 100 if first_group is None else first_group
+    task = run.dataset.tasks.filter(split="train").first() if run.dataset_id else None
     rollouts, samples = [], []
     for g, attempts in enumerate(groups):
         for a, attempt in enumerate(attempts):
-            rollout = rollout_services.create_rollout(run, task=None, split="train", step=step - 1,
+            rollout = rollout_services.create_rollout(run, task=task, split="train", step=step - 1,
                                                       group=first_group + g, attempt=a)[0]
             calls = [ModelCall(rollout=rollout, seq=seq, api="chat", status_code=200, finish_reason=attempt.finish_reason,
                                request={"messages": [{"role": "user", "content": "go"}],

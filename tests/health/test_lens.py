@@ -38,8 +38,10 @@ def test_a_tool_call_written_as_text_is_counted_when_none_was_parsed(text):
     assert chat(text, {"command": "ls"}).text_tool_calls == 0  # one was parsed: the text is commentary
 
 
-def test_plain_prose_is_not_a_tool_call():
-    assert chat("The name of the function is add and its arguments are a and b.").text_tool_calls == 0
+@pytest.mark.parametrize("text", ["The name of the function is add and its arguments are a and b.",
+                                  "<tool_call>eo36gumentssistant 29", "[TOOL_CALLS] then", "<|python_tag|>x"])
+def test_prose_or_a_stray_marker_is_not_a_tool_call(text):  # a random model emits <tool_call> tokens
+    assert chat(text).text_tool_calls == 0
 
 
 def test_shell_blocks_of_the_text_are_commands():
