@@ -179,7 +179,7 @@ def run_case(case: str, user, model: Path, workdir: Path, steps: int) -> dict:
                   .values_list("trained_step", "outcome__fault") if r[1] is True]
         fault_step = min((step for step, _ in marked), default=None)
     expected = EXPECTED.get(case)
-    hits = [step for step, kind in alarms if kind == expected]
+    hits = [step for step, kind in alarms if kind == expected and fault_step is not None and step >= fault_step]
     delay = (min(hits) - fault_step) if hits and fault_step is not None else None
     early = [(s, k) for s, k in alarms if fault_step is None or s < fault_step]
     return {"case": case, "status": status, "error": run.error[:300], "steps": run.step, "fault_step": fault_step,
