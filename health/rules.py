@@ -25,6 +25,7 @@ DEFAULTS: dict[str, float] = {
     "logprob_mismatch_floor": 0.05,
     "val_drop": 0.05,
     "reward_rise": 0.05,
+    "min_eval_tasks": 10,
     "truncation_share": 0.25,
     "truncation_rise": 0.2,
     "flagged_share": 0.0,
@@ -40,7 +41,7 @@ DEFAULTS: dict[str, float] = {
 - logprob_mismatch_max / _jump / _floor: train/logprob_mismatch_mean above max, or above floor and jump times the
   median of the earlier steps (a weight sync gone wrong);
 - val_drop / reward_rise: over the last two evaluations, eval/pass@1 fell by val_drop while the train reward rose by
-  reward_rise;
+  reward_rise; an evaluation of fewer than min_eval_tasks val tasks (eval/tasks) is too noisy to tell;
 - truncation_share / truncation_rise: the share of rollouts cut off (a call stopped at its length limit, or a
   timeout) reached truncation_share and rose by truncation_rise over the earlier steps' mean;
 - flagged_share: more than this share of the step's rollouts flagged by the reward-hacking lens (health.audit).
@@ -240,6 +241,8 @@ def reward_up_val_down(facts: StepFacts, t: dict[str, float], m: dict[str, float
     if len(evals) < 2 or evals[-1][0] != facts.step:
         return None
     (a, val_a), (b, val_b) = evals[-2], evals[-1]
+    if min(series[a].get("eval/tasks", math.inf), series[b].get("eval/tasks", math.inf)) < t["min_eval_tasks"]:
+        return None
     rewards = [(step, v["reward/mean"]) for step, v in sorted(series.items()) if "reward/mean" in v and a <= step <= b]
     if len(rewards) < 2 or val_a - val_b < t["val_drop"]:
         return None

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 RUN_ALARM = events.RUN_ALARM
 HISTORY_METRICS = ("health/tool_use_share", "health/truncated_share", "train/logprob_mismatch_mean",
-                   "eval/pass@1", "reward/mean")
+                   "eval/pass@1", "eval/tasks", "reward/mean")
 FINISHED = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED)
 
 

@@ -138,13 +138,21 @@ def test_logprob_mismatch_jumping_after_a_weight_sync(alice, make_run):
 def test_train_reward_up_while_validation_falls(alice, make_run):
     run = make_run(alice)
     for step, (reward, val) in enumerate([(0.2, 0.5), (0.3, None), (0.5, 0.4)], start=1):
-        store_step(run, step, clean_attempts(), metrics={"reward/mean": reward,
-                                                         **({"eval/pass@1": val} if val is not None else {})})
+        store_step(run, step, clean_attempts(), metrics={"reward/mean": reward, **(
+            {"eval/pass@1": val, "eval/tasks": 50} if val is not None else {})})
         assert health_services.check_step(run.pk, step) == []  # the rule waits for the evaluation
     raised = health_services.check_evaluation(run.pk, 3)
     assert [a.kind for a in raised] == ["reward_up_val_down"]
     assert raised[0].evidence == {"from_step": 1, "to_step": 3, "val_before": 0.5, "val_after": 0.4,
                                   "reward_rise": pytest.approx(0.3)}
+
+
+def test_an_evaluation_of_a_few_tasks_is_too_noisy_for_it(alice, make_run):
+    run = make_run(alice)
+    for step, (reward, val) in enumerate([(0.2, 0.5), (0.5, 0.0)], start=1):
+        store_step(run, step, clean_attempts(), metrics={"reward/mean": reward, "eval/pass@1": val, "eval/tasks": 2})
+        health_services.check_evaluation(run.pk, step)
+    assert alarms(run) == []
 
 
 def test_validation_falling_with_the_train_reward_is_not_this_alarm(alice, make_run):
