@@ -18,6 +18,7 @@ from catalog.services import HARNESS_FIELDS, check_owner
 from common.errors import InvalidModel, InvalidTransition, ServiceError
 from common.tasks import send_task
 from health import rules as health_rules
+from health.models import RunAlarm
 from runs import events, pools
 from runs.models import Metric, Rollout, RolloutStatus, Run, RunEvent, RunStatus, Sample
 from trainer.config import ConfigError, TrainerConfig
@@ -367,14 +368,15 @@ def lose_rollouts(run_id: int, which: Q, error: str) -> int:
 def rewind_run(run_id: int, step: int, lost: Q, reason: str) -> dict[str, Any]:
     """Go back to the checkpoint of `step` before resuming from it.
 
-    Rollouts matching `lost` (not trained into that checkpoint) become lost, and metrics of later steps are
-    deleted: the resumed run trains and evaluates those steps again, so no metric step is written twice.
+    Rollouts matching `lost` (not trained into that checkpoint) become lost, and metrics and health alarms of later
+    steps are deleted: the resumed run trains and evaluates those steps again, so no metric step is written twice.
     """
     with transaction.atomic():
         lose_rollouts(run_id, lost, reason)
         later = Metric.objects.filter(run_id=run_id, step__gt=step)
         dropped = sorted(set(later.values_list("step", flat=True)))
         later.delete()
+        RunAlarm.objects.filter(run_id=run_id, step__gt=step).delete()  # the redone steps raise theirs again
         Run.objects.filter(pk=run_id).update(step=step, policy_version=step, updated_at=timezone.now())
         # All of the run's lost rollouts, those the sweep marked when the worker died included.
         lost_count = Rollout.objects.filter(run_id=run_id, status=RolloutStatus.LOST).count()

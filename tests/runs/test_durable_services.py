@@ -4,6 +4,7 @@ import json
 import pytest
 
 from common import errors as common_errors
+from health.models import RunAlarm
 from runs import durability, services
 from runs.models import Metric, ModelCall, Rollout, Run, Sample
 
@@ -170,6 +171,8 @@ def test_prepare_resume_rewinds_to_the_checkpoint(alice, make_run, tmp_path):
     for step in range(4):
         services.record_metrics(run.pk, step, {"reward/mean": 0.5} if step else {"eval/pass@1": 0.1})
     services.record_metrics(run.pk, 3, {"eval/pass@1": 0.2})
+    for step in (2, 3):  # health alarms: the redone step 3 raises its own again
+        RunAlarm.objects.create(run=run, step=step, kind="no_signal", message="flat")
     Run.objects.filter(pk=run.pk).update(step=3, policy_version=3, checkpoint_path=str(kept_checkpoint))
 
     point = durability.prepare_resume(Run.objects.get(pk=run.pk), kept_checkpoint, 2)
@@ -184,6 +187,7 @@ def test_prepare_resume_rewinds_to_the_checkpoint(alice, make_run, tmp_path):
     assert Rollout.objects.get(pk=cancelled.pk).status == "cancelled"
     assert sorted(Metric.objects.filter(run=run).values_list("step", "name")) == [
         (0, "eval/pass@1"), (1, "reward/mean"), (2, "reward/mean")]
+    assert list(RunAlarm.objects.filter(run=run).values_list("step", flat=True)) == [2]
     run.refresh_from_db()
     assert (run.step, run.policy_version) == (2, 2)
     assert run.events.filter(kind="run.resumed").get().payload == {"step": 2, "lost_rollouts": 4, "dropped_steps": [3]}
