@@ -21,7 +21,8 @@ from runs.models import Run
 
 class AlarmSerializer(serializers.ModelSerializer):
     label = serializers.CharField(source="get_kind_display", read_only=True)
-    acknowledged_by = serializers.CharField(source="acknowledged_by.username", default=None, read_only=True)
+    acknowledged_by = serializers.CharField(source="acknowledged_by.username", default=None, read_only=True,
+                                            allow_null=True)
 
     class Meta:
         model = RunAlarm
@@ -31,8 +32,10 @@ class AlarmSerializer(serializers.ModelSerializer):
 
 
 class RescoreSerializer(serializers.ModelSerializer):
-    reward_script_name = serializers.CharField(source="reward_snapshot.name", default=None, read_only=True)
-    reward_script_version = serializers.IntegerField(source="reward_snapshot.version", default=None, read_only=True)
+    reward_script_name = serializers.CharField(source="reward_snapshot.name", default=None, read_only=True,
+                                               allow_null=True)
+    reward_script_version = serializers.IntegerField(source="reward_snapshot.version", default=None, read_only=True,
+                                                     allow_null=True)
 
     class Meta:
         model = Rescore
@@ -58,7 +61,7 @@ class RescoreCreateSerializer(serializers.Serializer):
 class RescoredRolloutSerializer(serializers.ModelSerializer):
     split = serializers.CharField(source="rollout.split", read_only=True)
     step = serializers.IntegerField(source="rollout.step", read_only=True)
-    task = serializers.CharField(source="rollout.task.external_id", default=None, read_only=True)
+    task = serializers.CharField(source="rollout.task.external_id", default=None, read_only=True, allow_null=True)
     changed = serializers.SerializerMethodField()
 
     class Meta:

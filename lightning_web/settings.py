@@ -208,6 +208,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The health app's choices under names of their own (a second "status" enum renamed the rollouts' one).
+    "ENUM_NAME_OVERRIDES": {"RescoreStatusEnum": "health.models.RescoreStatus",
+                            "RescoreScopeEnum": "health.models.RescoreScope",
+                            "AlarmKindEnum": "health.models.AlarmKind", "AlarmSeverityEnum": "health.models.Severity"},
 }
 
 # Security headers. The dashboard's scripts are all files under /static/ (page data travels in json_script
