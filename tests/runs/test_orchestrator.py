@@ -120,8 +120,9 @@ def test_a_run_trains_on_recorded_calls_and_evaluates(run_of, tmp_path):
     assert by_name[("proxy/sampling_overridden_calls", 1)] == 8.0  # 4 rollouts x 2 calls
     # Run health (health.services) checked each step: the harness's outcome kept for re-scoring, the step's
     # health/* metrics recorded (2 calls with text in each rollout, no tools offered, none cut off by a timeout).
-    for rollout in Rollout.objects.filter(run=run):
-        assert set(rollout.outcome) == {"reply"} and rollout.flags == []
+    for rollout in Rollout.objects.filter(run=run):  # the output file, plus the exit code and stdout tail
+        assert set(rollout.outcome) == {"reply", "exit_code", "stdout"} and rollout.outcome["exit_code"] == 0
+        assert isinstance(rollout.outcome["reply"], str) and rollout.flags == []
     for step in (1, 2):
         assert by_name[("health/empty_rollouts", step)] == 0.0
         assert by_name[("health/offered_tools_share", step)] == 0.0
