@@ -11,6 +11,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.errors import ErrorSerializer
 from catalog import selectors as catalog_selectors
 from catalog.models import RewardScript
 from health import rescoring
@@ -73,17 +74,21 @@ class RescoredRolloutSerializer(serializers.ModelSerializer):
         return not row.error and (row.old_reward is None or abs((row.new_reward or 0.0) - row.old_reward) > 1e-9)
 
 
+ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 405, 409)}
+"""The error shape (api.errors) of every refusal these views can answer with."""
 BIGGEST_ID = 2**63 - 1  # a larger id in the path is no row (and no database error)
 
 
-def _run(request, run_id: int) -> Run:
-    if run_id > BIGGEST_ID:
+def _run(request, run_id) -> Run:
+    run_id = int(run_id)  # any integer in the path: one no row has is a JSON 404
+    if not 0 < run_id <= BIGGEST_ID:
         raise Http404
     return get_object_or_404(catalog_selectors.owned(Run.objects.all(), request.user), pk=run_id)
 
 
-def _child(model, run: Run, pk: int):
-    if pk > BIGGEST_ID:
+def _child(model, run: Run, pk):
+    pk = int(pk)
+    if not 0 < pk <= BIGGEST_ID:
         raise Http404
     return get_object_or_404(model, run=run, pk=pk)
 
@@ -93,7 +98,7 @@ class RunAlarmsView(APIView):
 
     @extend_schema(parameters=[OpenApiParameter("open", bool, description="Only alarms not acknowledged"),
                                OpenApiParameter("kind", str, enum=AlarmKind.values)],
-                   responses=AlarmSerializer(many=True))
+                   responses={200: AlarmSerializer(many=True), **ERRORS})
     def get(self, request, run_id: int):
         """The run's alarms, step by step (health.rules says what each kind means)."""
         alarms = _run(request, run_id).alarms.select_related("acknowledged_by").order_by("step", "kind")
@@ -107,7 +112,7 @@ class RunAlarmsView(APIView):
 class AlarmAcknowledgeView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(request=None, responses=AlarmSerializer)
+    @extend_schema(request=None, responses={200: AlarmSerializer, **ERRORS})
     def post(self, request, run_id: int, alarm_id: int):
         """Mark the alarm seen: it stays listed; the runs list no longer counts it. A second time is a 409."""
         alarm = _child(RunAlarm, _run(request, run_id), alarm_id)
@@ -117,11 +122,11 @@ class AlarmAcknowledgeView(APIView):
 class RunRescoresView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses=RescoreSerializer(many=True))
+    @extend_schema(responses={200: RescoreSerializer(many=True), **ERRORS})
     def get(self, request, run_id: int):
         return Response(RescoreSerializer(_run(request, run_id).rescores.all(), many=True).data)
 
-    @extend_schema(request=RescoreCreateSerializer, responses={201: RescoreSerializer})
+    @extend_schema(request=RescoreCreateSerializer, responses={201: RescoreSerializer, **ERRORS})
     def post(self, request, run_id: int):
         """Re-score the run's stored rollouts (all, one step's, or the flagged ones) with a reward script, as a
         background job; the run's own rewards are never changed."""
@@ -137,7 +142,7 @@ class RescoreDetailView(APIView):
     permission_classes = [IsAuthenticated]
 
     @extend_schema(parameters=[OpenApiParameter("changed", bool, description="Only rollouts whose reward changed")],
-                   responses=RescoreSerializer)
+                   responses={200: RescoreSerializer, **ERRORS})
     def get(self, request, run_id: int, rescore_id: int):
         """The re-scoring with its summary, and a page of its per-rollout results (`results`, limit/offset)."""
         rescore = _child(Rescore, _run(request, run_id), rescore_id)

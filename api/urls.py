@@ -1,5 +1,5 @@
 """Routes of the REST API under /api/v1/."""
-from django.urls import path
+from django.urls import path, re_path
 from rest_framework.routers import DefaultRouter
 
 from api import health_views, views
@@ -16,10 +16,10 @@ router.register("models", views.ModelRegistryViewSet, basename="model")
 
 urlpatterns = router.urls + [
     path("workers/", views.WorkersView.as_view(), name="workers"),
-    path("runs/<int:run_id>/alarms/", health_views.RunAlarmsView.as_view(), name="api-run-alarms"),
-    path("runs/<int:run_id>/alarms/<int:alarm_id>/acknowledge/", health_views.AlarmAcknowledgeView.as_view(),
+    re_path(r"^runs/(?P<run_id>-?[0-9]+)/alarms/$", health_views.RunAlarmsView.as_view(), name="api-run-alarms"),
+    re_path(r"^runs/(?P<run_id>-?[0-9]+)/alarms/(?P<alarm_id>-?[0-9]+)/acknowledge/$", health_views.AlarmAcknowledgeView.as_view(),
          name="api-run-alarm-acknowledge"),
-    path("runs/<int:run_id>/rescores/", health_views.RunRescoresView.as_view(), name="api-run-rescores"),
-    path("runs/<int:run_id>/rescores/<int:rescore_id>/", health_views.RescoreDetailView.as_view(),
+    re_path(r"^runs/(?P<run_id>-?[0-9]+)/rescores/$", health_views.RunRescoresView.as_view(), name="api-run-rescores"),
+    re_path(r"^runs/(?P<run_id>-?[0-9]+)/rescores/(?P<rescore_id>-?[0-9]+)/$", health_views.RescoreDetailView.as_view(),
          name="api-run-rescore"),
 ]
