@@ -1,7 +1,7 @@
 """Reads behind the run page's rollouts table: filtered, sorted and paged in SQL.
 
 A fixed number of queries whatever the run's size; no query here reads a call's JSON blobs (request, response,
-token ids). CALL_COLUMNS and JsonArrayLength (a call's token counts in SQL) serve the rollout page too.
+token ids). CALL_COLUMNS serves the rollout page too.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import DurationField, ExpressionWrapper, F, Func, IntegerField, Q, QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.functions import Substr
 
 from catalog.models import Split, Task
@@ -127,19 +127,6 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
             "calls": r["call_count"], "duration_s": duration.total_seconds() if duration is not None else None,
             "task": r["task__external_id"] or "", "error": r["error_preview"] or "",
             "created_at": r["created_at"].isoformat(), "flags": list(r.get("flags") or [])}
-
-
-class JsonArrayLength(Func):
-    """The length of a JSON array column, computed by the database (the array itself is never read)."""
-
-    function = "JSON_ARRAY_LENGTH"  # SQLite's JSON1
-    output_field = IntegerField()
-
-    def as_postgresql(self, compiler, connection, **extra):
-        return super().as_sql(compiler, connection, function="JSONB_ARRAY_LENGTH", **extra)
-
-    def as_mysql(self, compiler, connection, **extra):
-        return super().as_sql(compiler, connection, function="JSON_LENGTH", **extra)
 
 
 CALL_COLUMNS = ("seq", "api", "stream", "status_code", "latency_ms", "finish_reason", "drift", "policy_version",

@@ -2,12 +2,13 @@
 (health.services gathers them from the database after the step is stored) and the run's thresholds.
 
 Each rule returns the alarm of its kind for the step, or None. The thresholds are the run config's `health` dict
-over DEFAULTS; every default was chosen so that the clean demo run stays silent (bench/health_alarms.py checks both:
-each injected fault caught, the clean run silent).
+over DEFAULTS. bench/health_alarms.py checks the defaults on real tiny-model runs: each injected fault caught within
+a step, its clean run (the demo config's shape) silent.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,9 +178,7 @@ def empty_rollouts(facts: StepFacts, t: dict[str, float], m: dict[str, float]) -
     empty = [r for r in counted if r.empty]
     if not counted or len(empty) / len(counted) <= t["empty_share"]:
         return None
-    reasons: dict[str, int] = {}
-    for r in empty:
-        reasons[r.empty] = reasons.get(r.empty, 0) + 1
+    reasons = dict(Counter(r.empty for r in empty))
     return Finding("empty_rollouts", f"{len(empty)} of {len(counted)} rollouts gave the trainer nothing: "
                    + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items())) + ".",
                    {"empty": len(empty), "rollouts": len(counted), "reasons": reasons}, _examples(empty), "critical")
@@ -235,7 +234,8 @@ def logprob_mismatch(facts: StepFacts, t: dict[str, float], m: dict[str, float])
                    [], "critical")
 
 
-def reward_up_val_down(facts: StepFacts, t: dict[str, float], m: dict[str, float]) -> Finding | None:
+def reward_up_val_down(facts: StepFacts, t: dict[str, float]) -> Finding | None:
+    """After an evaluation (health.services.check_evaluation), from the metrics alone."""
     series = {**facts.history, facts.step: facts.metrics}
     evals = [(step, v["eval/pass@1"]) for step, v in sorted(series.items()) if "eval/pass@1" in v]
     if len(evals) < 2 or evals[-1][0] != facts.step:
@@ -274,22 +274,20 @@ def reward_hacking(facts: StepFacts, t: dict[str, float], m: dict[str, float]) -
     flagged = [r for r in counted if r.flags]
     if not counted or len(flagged) / len(counted) <= t["flagged_share"]:
         return None
-    kinds: dict[str, int] = {}
-    for r in flagged:
-        for flag in {f.get("kind", "") for f in r.flags}:
-            kinds[flag] = kinds.get(flag, 0) + 1
+    kinds = dict(Counter(kind for r in flagged for kind in {f.get("kind", "") for f in r.flags}))
     return Finding("reward_hacking", f"{len(flagged)} of {len(counted)} rollouts did what an honest solution does not "
                    "need: " + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(kinds.items()))
                    + ". Check them before trusting the reward.", {"flagged": len(flagged), "kinds": kinds},
                    _examples(flagged), "critical")
 
 
-RULES = (no_tool_calls, unparsed_tool_text, empty_rollouts, no_signal, reward_collapse, logprob_mismatch,
-         reward_up_val_down, truncation_rising, reward_hacking)
+STEP_RULES = (no_tool_calls, unparsed_tool_text, empty_rollouts, no_signal, reward_collapse, logprob_mismatch,
+              truncation_rising, reward_hacking)
+"""The rules of a stored step; reward_up_val_down runs after an evaluation instead."""
 
 
 def evaluate(facts: StepFacts, t: dict[str, float] | None = None) -> tuple[list[Finding], dict[str, float]]:
-    """The step's alarms and its health/* metrics."""
+    """The step's alarms (STEP_RULES) and its health/* metrics."""
     t = t or dict(DEFAULTS)
     m = step_metrics(facts)
-    return [found for rule in RULES if (found := rule(facts, t, m)) is not None], m
+    return [found for rule in STEP_RULES if (found := rule(facts, t, m)) is not None], m

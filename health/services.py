@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.utils import timezone
 
+from common.db import JsonArrayLength
 from common.errors import InvalidTransition
 from health import audit, rules
 from health import calls as health_calls
@@ -23,12 +25,22 @@ logger = logging.getLogger(__name__)
 
 RUN_ALARM = events.RUN_ALARM
 HISTORY_METRICS = ("health/tool_use_share", "health/truncated_share", "train/logprob_mismatch_mean",
-                   "eval/pass@1", "eval/tasks", "reward/mean")
+                   "train/logprob_mismatch_max", "eval/pass@1", "eval/tasks", "reward/mean")
 FINISHED = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED)
 
 
+CALL_FIELDS = ("api", "request__tools", "request__functions", "response", "finish_reason")
+"""What a CallView is built from: the request's tools only (never its messages, the bulk of a stored call)."""
+
+
+def _view(row: dict) -> health_calls.CallView:
+    return health_calls.view(row["api"], {"tools": row["request__tools"], "functions": row["request__functions"]},
+                             row["response"], row["finish_reason"])
+
+
 def step_facts(run_id: int, step: int) -> rules.StepFacts:
-    """The records of step `step`'s batch (the train rollouts it trained or dropped) as the rules read them."""
+    """The records of step `step`'s batch (the train rollouts it trained or dropped) as the rules read them: four
+    queries a STEP_BATCH rollouts (rollouts, calls, samples) and one for the metrics, never one per rollout."""
     rows = list(Rollout.objects.filter(run_id=run_id, trained_step=step, split="train", status__in=FINISHED)
                 .order_by("group", "attempt", "id")
                 .values("id", "group", "reward", "failure_kind", "call_count", "flags", "error",
@@ -38,48 +50,46 @@ def step_facts(run_id: int, step: int) -> rules.StepFacts:
         calls=row["call_count"], flags=list(row["flags"] or []),
         format_errors=_count(row["outcome__format_errors"]),
         truncated=row["outcome__timed_out"] is True or "timed out" in (row["error"] or "")) for row in rows}
-    reported_commands = {row["id"]: _count(row["outcome__commands"], None) for row in rows}
-    ids = list(facts)
-    for batch in services.batches(ids, services.STEP_BATCH):
-        for call in ModelCall.objects.filter(rollout_id__in=batch).values(
-                "rollout_id", "api", "request__tools", "request__functions", "response", "finish_reason",
-                "completion_ids", "constraint"):
-            r = facts[call["rollout_id"]]
-            view = health_calls.view(call["api"], {"tools": call["request__tools"],
-                                                   "functions": call["request__functions"]},
-                                     call["response"], call["finish_reason"])
+    for batch in services.batches(list(facts), services.STEP_BATCH):
+        calls = ModelCall.objects.filter(rollout_id__in=batch).annotate(completion_tokens=JsonArrayLength(
+            "completion_ids")).values("rollout_id", "completion_tokens", "constraint", *CALL_FIELDS)
+        for call in calls:
+            r, view = facts[call["rollout_id"]], _view(call)
             r.calls = max(r.calls, 1)
-            if not call["constraint"]:
-                r.sampled_tokens += len(call["completion_ids"] or [])
+            if not call["constraint"]:  # a constrained call's tokens were forced, not sampled
+                r.sampled_tokens += call["completion_tokens"] or 0
             r.offered_tools = r.offered_tools or view.offered_tools
             r.offering_calls += view.offered_tools
             r.text_tool_calls += view.text_tool_calls if view.offered_tools else 0
-            r.tool_uses += len(view.tool_calls) + sum(1 for _ in view.commands() if not view.tool_calls)
+            r.tool_uses += len(view.tool_calls) or len(view.commands())
             r.truncated = r.truncated or call["finish_reason"] == "length"
-        masks: dict[int, list[bool]] = {}
+        kept: dict[int, bool] = {}
         for rollout_id, mask in Sample.objects.filter(rollout_id__in=batch, step=step).values_list(
                 "rollout_id", "loss_mask"):
-            masks.setdefault(rollout_id, []).append(any(mask or []))
-        for rollout_id, kept in masks.items():
-            facts[rollout_id].masked_out = not any(kept)
-    for rollout_id, commands in reported_commands.items():
-        if commands is not None:  # the harness counted the commands it ran: that is what it did
-            facts[rollout_id].tool_uses = commands
+            kept[rollout_id] = kept.get(rollout_id, False) or any(mask or [])
+        for rollout_id, any_kept in kept.items():
+            facts[rollout_id].masked_out = not any_kept
+    for row in rows:
+        if (commands := _count(row["outcome__commands"], None)) is not None:
+            facts[row["id"]].tool_uses = commands  # the harness counted the commands it ran: that is what it did
+    history = _metrics(run_id, step)
+    return rules.StepFacts(step=step, rollouts=list(facts.values()), metrics=history.pop(step, {}), history=history)
+
+
+def _metrics(run_id: int, step: int) -> dict[int, dict[str, float]]:
+    """step -> name -> value of the metrics the rules compare, for steps up to `step`: one query."""
     by_step: dict[int, dict[str, float]] = {}
-    for name, at, value in Metric.objects.filter(run_id=run_id, step__lte=step).filter(
-            name__in=[*HISTORY_METRICS, "train/logprob_mismatch_max"]).values_list("name", "step", "value"):
+    for name, at, value in Metric.objects.filter(run_id=run_id, step__lte=step, name__in=HISTORY_METRICS) \
+            .values_list("name", "step", "value"):
         by_step.setdefault(at, {})[name] = value
-    metrics = by_step.pop(step, {})
-    return rules.StepFacts(step=step, rollouts=list(facts.values()), metrics=metrics, history=by_step)
+    return by_step
 
 
 def rollout_flags(rollout_id: int, task: dict, outcome, output: str = "") -> list[dict]:
     """The reward-hacking lens's flags of a finished rollout (health.audit) from its recorded calls, one query."""
     if not isinstance(task, dict) or not isinstance(task.get("files"), dict):
         return []  # not a repository task: nothing to audit, no query
-    views = [health_calls.view(api, request, response, finish)
-             for api, request, response, finish in ModelCall.objects.filter(rollout_id=rollout_id).order_by("seq")
-             .values_list("api", "request", "response", "finish_reason")]
+    views = [_view(row) for row in ModelCall.objects.filter(rollout_id=rollout_id).order_by("seq").values(*CALL_FIELDS)]
     return audit.audit(task, outcome, views, output)
 
 
@@ -98,25 +108,27 @@ async def in_run(check, run_id: int, step: int) -> None:
 
 def check_step(run_id: int, step: int) -> list[RunAlarm]:
     """Record step `step`'s health/* metrics and raise its alarms; returns the alarms raised now."""
-    run = Run.objects.only("config").get(pk=run_id)
     facts = step_facts(run_id, step)
-    findings, metrics = rules.evaluate(facts, rules.thresholds((run.config or {}).get("health")))
+    findings, metrics = rules.evaluate(facts, _thresholds(run_id))
     if facts.rollouts:
         stored = set(Metric.objects.filter(run_id=run_id, step=step, name__in=list(metrics))
                      .values_list("name", flat=True))
         fresh = {k: v for k, v in metrics.items() if k not in stored}
         if fresh:
             services.record_metrics(run_id, step, fresh)
-    return raise_alarms(run_id, step, [f for f in findings if f.kind != "reward_up_val_down"])
+    return raise_alarms(run_id, step, findings)
 
 
 def check_evaluation(run_id: int, step: int) -> list[RunAlarm]:
-    """After step `step`'s evaluation: train reward rising while validation Pass@1 falls."""
-    run = Run.objects.only("config").get(pk=run_id)
-    facts = step_facts(run_id, step)
-    found = rules.reward_up_val_down(facts, rules.thresholds((run.config or {}).get("health")),
-                                     rules.step_metrics(facts))
+    """After step `step`'s evaluation: train reward rising while validation Pass@1 falls (metrics only)."""
+    history = _metrics(run_id, step)
+    facts = rules.StepFacts(step=step, rollouts=[], metrics=history.pop(step, {}), history=history)
+    found = rules.reward_up_val_down(facts, _thresholds(run_id))
     return raise_alarms(run_id, step, [found] if found else [])
+
+
+def _thresholds(run_id: int) -> dict[str, float]:
+    return rules.thresholds((Run.objects.values_list("config", flat=True).get(pk=run_id) or {}).get("health"))
 
 
 def raise_alarms(run_id: int, step: int, findings: list[rules.Finding]) -> list[RunAlarm]:
@@ -167,8 +179,6 @@ def acknowledge(alarm: RunAlarm, user) -> RunAlarm:
 
 def open_counts(run_ids) -> dict[int, int]:
     """run id -> alarms not acknowledged (the runs list's badge), one query."""
-    from django.db.models import Count
-
     return dict(RunAlarm.objects.filter(run_id__in=list(run_ids), acknowledged_at__isnull=True)
                 .values("run_id").annotate(n=Count("id")).values_list("run_id", "n"))
 

@@ -19,9 +19,10 @@ from django.views.decorators.http import require_GET
 
 from catalog import selectors
 from catalog.models import Split, Task
+from common.db import JsonArrayLength
 from dashboard import conversations
 from dashboard.pages.run_page import duration_text
-from dashboard.rollout_queries import CALL_COLUMNS, JsonArrayLength
+from dashboard.rollout_queries import CALL_COLUMNS
 from runs.models import FailureKind, ModelCall, Rollout, RolloutStatus, Run, Sample
 from trainer.config import TrainerConfig
 

@@ -220,3 +220,19 @@ def test_a_failing_check_is_logged_and_does_not_stop_the_run(alice, make_run, ca
 
     asyncio.run(health_services.in_run(broken, 1, 2))
     assert "health check broken failed" in caplog.text
+
+
+def test_a_steps_check_takes_the_same_queries_however_many_rollouts(alice, make_run):
+    """step_facts' promise: a few queries per STEP_BATCH rollouts, never one per rollout or call."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    counts = []
+    for groups in (2, 8):
+        run = make_run(alice, name=f"size-{groups}")
+        store_step(run, 1, clean_attempts(groups=groups))
+        with CaptureQueriesContext(connection) as queries:
+            health_services.check_step(run.pk, 1)
+        counts.append(len([q for q in queries.captured_queries if "SAVEPOINT" not in q["sql"].upper()]))
+        assert Metric.objects.filter(run=run, step=1, name="health/tool_use_share").get().value == 1.0
+    assert counts[0] == counts[1] <= 12
