@@ -63,15 +63,12 @@ class RescoredRolloutSerializer(serializers.ModelSerializer):
     split = serializers.CharField(source="rollout.split", read_only=True)
     step = serializers.IntegerField(source="rollout.step", read_only=True)
     task = serializers.CharField(source="rollout.task.external_id", default=None, read_only=True, allow_null=True)
-    changed = serializers.SerializerMethodField()
+    changed = serializers.BooleanField(read_only=True, help_text="Scored, and the reward differs from the run's")
 
     class Meta:
         model = RescoredRollout
         fields = ["rollout", "split", "step", "task", "old_reward", "new_reward", "changed", "detail", "error"]
         read_only_fields = fields
-
-    def get_changed(self, row) -> bool:
-        return not row.error and (row.old_reward is None or abs((row.new_reward or 0.0) - row.old_reward) > 1e-9)
 
 
 ERRORS = {code: ErrorSerializer for code in (400, 401, 403, 404, 405, 409)}
@@ -148,7 +145,7 @@ class RescoreDetailView(APIView):
         rescore = _child(Rescore, _run(request, run_id), rescore_id)
         rows = rescore.results.select_related("rollout", "rollout__task").order_by("rollout_id")
         if request.query_params.get("changed") in ("1", "true"):
-            rows = [row for row in rows if RescoredRolloutSerializer().get_changed(row)]
+            rows = rows.changed()
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(rows, request, view=self)
         return Response({**RescoreSerializer(rescore).data, "results_count": paginator.count,

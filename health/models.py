@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Abs
 
 from catalog.models import RewardScript
 from runs.models import Rollout, Run
@@ -88,7 +90,20 @@ class Rescore(models.Model):
         return f"rescore {self.pk} of run {self.run_id}"
 
 
+CHANGE_EPS = 1e-9
+"""Rewards closer than this are the same reward (floats from two runs of one script)."""
+
+
+class RescoredQuerySet(models.QuerySet):
+    def changed(self) -> "RescoredQuerySet":
+        """The results whose reward changed (RescoredRollout.changed), filtered in SQL."""
+        return self.filter(error="").annotate(change=Abs(F("new_reward") - F("old_reward"))).filter(
+            Q(old_reward__isnull=True) | Q(change__gt=CHANGE_EPS))
+
+
 class RescoredRollout(models.Model):
+    objects = RescoredQuerySet.as_manager()
+
     rescore = models.ForeignKey(Rescore, on_delete=models.CASCADE, related_name="results")
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="+")
     old_reward = models.FloatField(null=True, blank=True)
@@ -99,3 +114,9 @@ class RescoredRollout(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["rescore", "rollout"], name="rescored_once")]
         ordering = ["rescore", "rollout"]
+
+    @property
+    def changed(self) -> bool:
+        """Scored, and its new reward differs from the run's (a rollout the run never rewarded counts as changed)."""
+        return not self.error and (self.old_reward is None or abs((self.new_reward or 0.0) - self.old_reward)
+                                   > CHANGE_EPS)

@@ -29,7 +29,6 @@ RESCORE_TASK = "health.tasks.rescore"
 WORKERS = 4
 """Reward scripts scored at once (each its own sandboxed process)."""
 PROGRESS_EVERY = 10
-EPS = 1e-9
 
 
 def start_rescore(user, run: Run, reward_script: RewardScript, scope: str = RescoreScope.ALL,
@@ -161,8 +160,7 @@ def summarize(rollouts: list[Rollout], results: list[RescoredRollout], threshold
         if result.error:
             errors += 1
             continue
-        if result.old_reward is None or abs((result.new_reward or 0.0) - result.old_reward) > EPS:
-            changed += 1
+        changed += result.changed
         pair = (result.old_reward, result.new_reward)
         pairs.setdefault(rollout.split, []).append(pair)
         if rollout.split == "val" and not rollout.greedy:

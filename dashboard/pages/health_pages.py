@@ -87,11 +87,7 @@ def rescore_detail(request, run_id: int, rescore_id: int):
     rescore = get_object_or_404(Rescore, run=run, pk=rescore_id)
     rows = rescore.results.select_related("rollout", "rollout__task").order_by("rollout_id")
     only_changed = request.GET.get("changed") == "1"
-    results = [{"row": r, "changed": not r.error and (r.old_reward is None or abs((r.new_reward or 0.0) - r.old_reward)
-                                                       > rescoring.EPS)} for r in rows]
-    if only_changed:
-        results = [r for r in results if r["changed"]]
-    page = Paginator(results, RESULTS_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(rows.changed() if only_changed else rows, RESULTS_PAGE).get_page(request.GET.get("page"))
     running = rescore.status in (RescoreStatus.QUEUED, RescoreStatus.RUNNING)
     return render(request, "runs/rescore.html", {
         "run": run, "rescore": rescore, "page": page, "only_changed": only_changed, "running": running,
