@@ -107,18 +107,22 @@ def score_one(rescore: Rescore, rollout: Rollout, failure_reward: float) -> Resc
 
 
 def run_rescore(rescore_id: int) -> str:
-    """The job's body: claim the rescore, score its rollouts, write the summary; returns the final status."""
+    """The job's body: claim the rescore, score its rollouts, write the results and summary; the final status.
+
+    Nothing is written until the end, then results and status in one transaction. So a worker that dies part way
+    leaves the rescore `running` with no result, and the message Celery delivers again (acks_late) starts it over;
+    a finished rescore is left as it is, and of two deliveries running at once the second to finish writes nothing.
+    """
     with transaction.atomic():
         rescore = Rescore.objects.select_for_update().select_related("run").get(pk=rescore_id)
-        if rescore.status != RescoreStatus.QUEUED:
-            return rescore.status  # a redelivered message: the first delivery has it
+        if rescore.status not in (RescoreStatus.QUEUED, RescoreStatus.RUNNING):
+            return rescore.status  # a message delivered again after the job finished
         rescore.status = RescoreStatus.RUNNING
         rescore.save(update_fields=["status"])
-    run = rescore.run
-    config = run.config or {}
+    config = rescore.run.config or {}
     try:
-        rollouts = list(rollouts_in_scope(run, rescore.scope, rescore.step).select_related("task"))
-        Rescore.objects.filter(pk=rescore_id).update(total=len(rollouts))
+        rollouts = list(rollouts_in_scope(rescore.run, rescore.scope, rescore.step).select_related("task"))
+        Rescore.objects.filter(pk=rescore_id).update(total=len(rollouts), done=0)
         results = []
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             futures = [pool.submit(score_one, rescore, r, float(config.get("failure_reward", 0.0))) for r in rollouts]
@@ -126,16 +130,22 @@ def run_rescore(rescore_id: int) -> str:
                 results.append(future.result())
                 if index % PROGRESS_EVERY == 0:
                     Rescore.objects.filter(pk=rescore_id).update(done=index)
-        RescoredRollout.objects.bulk_create(results, batch_size=500)
         summary = summarize(rollouts, results, float(config.get("pass_threshold", 1.0)))
-        Rescore.objects.filter(pk=rescore_id).update(status=RescoreStatus.SUCCEEDED, done=len(results),
-                                                     summary=summary, finished_at=timezone.now())
-        return RescoreStatus.SUCCEEDED
+        return _finish(rescore_id, RescoreStatus.SUCCEEDED, results=results, done=len(results), summary=summary)
     except Exception as exc:
         logger.exception("rescore %s failed", rescore_id)
-        Rescore.objects.filter(pk=rescore_id).update(status=RescoreStatus.FAILED, error=f"{type(exc).__name__}: {exc}",
-                                                     finished_at=timezone.now())
-        return RescoreStatus.FAILED
+        return _finish(rescore_id, RescoreStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+
+
+def _finish(rescore_id: int, status: str, results: list[RescoredRollout] = (), **fields) -> str:
+    """Write the outcome of a delivery unless another delivery finished the rescore first; the final status."""
+    with transaction.atomic():
+        rescore = Rescore.objects.select_for_update().get(pk=rescore_id)
+        if rescore.status != RescoreStatus.RUNNING:
+            return rescore.status
+        RescoredRollout.objects.bulk_create(results, batch_size=500)
+        Rescore.objects.filter(pk=rescore_id).update(status=status, finished_at=timezone.now(), **fields)
+    return status
 
 
 def _mean(values: list[float]) -> float | None:
@@ -156,7 +166,7 @@ def summarize(rollouts: list[Rollout], results: list[RescoredRollout], threshold
     pairs: dict[str, list] = {"train": [], "val": []}
     val_steps: dict[int, list] = {}
     changed = errors = 0
-    for rollout, result in zip(rollouts, results):
+    for rollout, result in zip(rollouts, results, strict=True):
         if result.error:
             errors += 1
             continue

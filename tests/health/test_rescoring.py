@@ -129,6 +129,29 @@ def test_another_users_run_or_script_is_not_found(alice, bob, alice_api, bob_api
     assert not Rescore.objects.exists()
 
 
+def test_a_job_whose_worker_died_is_done_by_the_message_delivered_again(alice, make_run, make_reward):
+    """The worker claimed it (running) and died before writing anything; acks_late delivers the message again."""
+    run, made = scored_run(alice, make_run)
+    rescore = rescoring.start_rescore(alice, run, make_reward(alice, name="lenient", source=LENIENT))
+    Rescore.objects.filter(pk=rescore.pk).update(status="running", done=4)
+    assert rescoring.run_rescore(rescore.pk) == "succeeded"
+    rescore.refresh_from_db()
+    assert (rescore.status, rescore.done, rescore.summary["changed"]) == ("succeeded", 7, 3)
+    assert RescoredRollout.objects.filter(rescore=rescore).count() == 7
+
+
+def test_of_two_deliveries_the_second_to_finish_writes_nothing(alice, make_run, make_reward):
+    run, made = scored_run(alice, make_run)
+    rescore = rescoring.start_rescore(alice, run, make_reward(alice, name="lenient", source=LENIENT))
+    Rescore.objects.filter(pk=rescore.pk).update(status="running")  # both deliveries claimed it
+    late = [RescoredRollout(rescore=rescore, rollout=made[0], old_reward=1.0, new_reward=9.0)]
+    assert rescoring.run_rescore(rescore.pk) == "succeeded"  # the first to finish
+    assert rescoring._finish(rescore.pk, "succeeded", results=late, done=1) == "succeeded"  # the second
+    assert RescoredRollout.objects.filter(rescore=rescore).count() == 7
+    assert RescoredRollout.objects.get(rescore=rescore, rollout=made[0]).new_reward == 1.0
+    assert Rescore.objects.get(pk=rescore.pk).done == 7
+
+
 def test_the_job_is_claimed_once(alice, make_run, make_reward):
     run, _ = scored_run(alice, make_run)
     rescore = rescoring.start_rescore(alice, run, make_reward(alice, name="lenient", source=LENIENT))
