@@ -228,8 +228,8 @@ def logprob_mismatch(facts: StepFacts, t: dict[str, float], m: dict[str, float])
         return None
     earlier = f"earlier steps' median {median:.3f}" if median is not None else "no earlier step"
     return Finding("logprob_mismatch", f"the trainer's logprobs of the sampled tokens differ from the engine's by "
-                   f"{value:.3f} on average ({earlier}): the engine may serve other weights than the trainer holds (a weight sync gone wrong, a dtype "
-                   "or a chat template mismatch).",
+                   f"{value:.3f} on average ({earlier}): the engine may serve other weights than the trainer holds "
+                   "(a weight sync gone wrong, a dtype or a chat template mismatch).",
                    {"mean": value, "earlier_median": median, "max": facts.metrics.get("train/logprob_mismatch_max")},
                    [], "critical")
 
