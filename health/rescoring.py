@@ -29,6 +29,7 @@ RESCORE_TASK = "health.tasks.rescore"
 WORKERS = 4
 """Reward scripts scored at once (each its own sandboxed process)."""
 PROGRESS_EVERY = 10
+MAX_STEP = 2**31 - 1
 
 
 def start_rescore(user, run: Run, reward_script: RewardScript, scope: str = RescoreScope.ALL,
@@ -41,6 +42,8 @@ def start_rescore(user, run: Run, reward_script: RewardScript, scope: str = Resc
     if scope == RescoreScope.STEP:
         if step is None:
             raise ServiceError("scope 'step' needs a step")
+        if not 0 <= step <= MAX_STEP:  # the column's range: a larger one would be a database error, not a refusal
+            raise ServiceError(f"step must be between 0 and {MAX_STEP}, got {step}")
     elif step is not None:
         raise ServiceError(f"a step is only given with scope 'step', not {scope!r}")
     total = rollouts_in_scope(run, scope, step).count()

@@ -192,3 +192,27 @@ def test_the_page_form_refuses_with_the_reason(alice, client, make_run, make_rew
     assert response.status_code == 200
     assert "Not re-scored: run" in response.content.decode() and "no scored rollouts step 9" in response.content.decode()
     assert not Rescore.objects.exists()
+
+
+def test_the_page_form_refuses_a_step_past_the_column(alice, client, make_run, make_reward):
+    run, _ = scored_run(alice, make_run)
+    script = make_reward(alice, name="lenient", source=LENIENT)
+    client.force_login(alice)
+    response = client.post(f"/runs/{run.pk}/rescores/", {"reward_script": script.pk, "scope": "step",
+                                                          "step": str(2**40)}, follow=True)
+    assert response.status_code == 200
+    assert f"step must be between 0 and {2**31 - 1}, got {2**40}" in response.content.decode()
+    assert not Rescore.objects.exists()
+
+
+def test_an_outcome_is_kept_up_to_its_limit_and_a_bare_value_round_trips(alice, make_run, make_reward):
+    assert rollout_services.stored_outcome({"a": "x\x00y"}) == {"a": "x\ufffdy"}
+    big = {"files": {"a.py": "x" * rollout_services.OUTCOME_LIMIT_BYTES}}
+    assert rollout_services.stored_outcome(big) == {
+        "_not_stored": f"{rollout_services.OUTCOME_LIMIT_BYTES + 23} bytes, over the 1000000 kept"}
+    run, made = scored_run(alice, make_run)
+    Rollout.objects.filter(pk=made[0].pk).update(outcome=rollout_services.stored_outcome([1, 2]))
+    script = make_reward(alice, name="length", source="def reward(task, outcome):\n    return float(len(outcome))\n")
+    rescore = rescoring.start_rescore(alice, run, script)
+    rescoring.run_rescore(rescore.pk)
+    assert RescoredRollout.objects.get(rescore=rescore, rollout=made[0]).new_reward == 2.0  # the list, unwrapped
