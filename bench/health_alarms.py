@@ -1,6 +1,6 @@
 """Do the run-health alarms catch each silent failure within one step of its start, and stay silent on a clean run?
 
-    flock /tmp/lw-heavy.lock .venv/bin/python bench/health_alarms.py            # every case, about 10 minutes
+    flock /tmp/lw-heavy.lock .venv/bin/python bench/health_alarms.py            # every case: 15 min here (7 runs)
     .venv/bin/python bench/health_alarms.py --only clean,no_tools --steps 3
 
 Each case is a real run of the tiny Qwen2 model (trainer.models.build_tiny_model) in this process: vLLM on CPU from
