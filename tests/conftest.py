@@ -13,16 +13,18 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from lightning_web.celery import app as celery_app
+from tests.lanes import lane, lane_redis_db
 
 pytest_plugins = [
     "tests.ci_required",  # in CI a skip for a missing sandbox, engine venv or Chromium fails
     "tests.tiers",  # the fast tier (`./lw test`) and the full one (`./lw test --all`)
+    "tests.conformance.summary",  # the conformance table and its skip rule, from every lane's reports
 ]
 
 # Tests talk to the same real Redis as the app (embedded or REDIS_URL) but never to its queues or groups. A second
 # test session on the same machine (CI while a developer tests) takes its own database with LIGHTNING_TEST_REDIS_DB
-# (and its own DATABASE_URL): the tests flush theirs.
-TEST_REDIS_DB = int(os.environ.get("LIGHTNING_TEST_REDIS_DB", "15"))
+# (and its own DATABASE_URL): the tests flush theirs. Each lane of a parallel run is such a session (tests/lanes.py).
+TEST_REDIS_DB = lane_redis_db(int(os.environ.get("LIGHTNING_TEST_REDIS_DB", "15")), lane(), settings.REDIS_URL)
 settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = (
     "lightning-test" if TEST_REDIS_DB == 15 else f"lightning-test-{TEST_REDIS_DB}")
 celery_app.conf.broker_url = settings.REDIS_URL.rsplit("/", 1)[0] + f"/{TEST_REDIS_DB}"

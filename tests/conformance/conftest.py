@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import asdict
 
 import pytest
 
 from catalog import harness_templates
 from runs.harness_check import CheckResult, check_harness
 from tests.conformance import table
+from tests.conformance.summary import ROW, SKIPPED
 
 CONFORMANCE_TASK = {
     "prompt": "In notes.txt, replace the word draft with final. Run exactly this shell command: "
@@ -23,9 +25,6 @@ def reward(task, outcome):
     files = outcome.get("files") or {}
     return 1.0 if files.get("notes.txt") == task["expected"]["notes.txt"] else 0.0
 '''
-SKIPPED = pytest.StashKey[set]()
-ROWS = pytest.StashKey[list]()
-MAX_SKIPPED_HARNESSES = 1
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +42,7 @@ def harness_tool(request) -> Callable[[str], str]:
     def installed(name: str) -> str:
         version = harness_templates.installed_versions().get(name)
         if version is None:
-            request.config.stash.setdefault(SKIPPED, set()).add(name)
+            request.node.user_properties.append((SKIPPED, name))  # counted where the reports meet (summary.py)
             pytest.skip(f"{name} is not installed in {harness_templates.tools_dir()} (no entry in versions.json): "
                         "scripts/install-harnesses could not install it on this machine")
         return version
@@ -74,8 +73,7 @@ def conformance_row(request) -> Callable[[str, CheckResult], table.Row]:
 
     def add(slug: str, result: CheckResult) -> table.Row:
         row = table.row_for(slug, result)
-        table.record(row)
-        request.config.stash.setdefault(ROWS, []).append(row)
+        request.node.user_properties.append((ROW, asdict(row)))  # recorded where the reports meet (summary.py)
         return row
 
     return add
@@ -92,23 +90,3 @@ def assert_conformant(result: CheckResult) -> None:
     assert result.build.samples and result.trained_tokens > 0
     assert result.foreign_spans() == []
     assert result.reward is not None and result.reward["reward"] == 1.0, result.reward
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    rows = config.stash.get(ROWS, [])
-    if rows:
-        terminalreporter.write_sep("=", "harness conformance")
-        terminalreporter.write_line(table.markdown(rows))
-        terminalreporter.write_line(f"(all rows measured so far: {table.OUTPUT})")
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    """CI fails when more than one harness could not be tested (checked only when harness tests ran)."""
-    skipped = session.config.stash.get(SKIPPED, set())
-    if len(skipped) > MAX_SKIPPED_HARNESSES:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = (f"{len(skipped)} harnesses skipped ({', '.join(sorted(skipped))}); at most "
-                   f"{MAX_SKIPPED_HARNESSES} may be: run scripts/install-harnesses")
-        if reporter is not None:
-            reporter.write_line(f"FAILED: {message}", red=True)
-        session.exitstatus = 1
