@@ -55,20 +55,25 @@ class Workers:
                         LIGHTNING_KEEP_ROLLOUT_WORKDIRS="1")
         self.data_dir = tmp_path / "data"
         self.runs_dir = self.data_dir / "runs"
+        # The engine's compile caches and served folders are shared across tests and sessions (tests.conftest), as
+        # on a user's machine across runs: a start with a cold cache compiles for about 20 s more and inspects the
+        # model class in a subprocess. Staging a served folder is atomic, so lanes may race on it.
+        from tests.conftest import ENGINE_CACHE_DIR
+
+        ENGINE_CACHE_DIR.mkdir(exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.data_dir / "engine-cache").exists():
+            (self.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)
 
     @classmethod
     def for_real_run(cls, tmp: Path, model: str, harness: str) -> tuple["Workers", Path]:
         """Workers for one real run of a module: a registry with the tiny model `model`, the engine compile cache
         shared across sessions, and `harness` written to tmp/harness.py; returns (workers, registry)."""
-        from tests.conftest import ENGINE_CACHE_DIR
         from trainer.models import build_tiny_model
 
         registry = tmp / "registry"
         build_tiny_model(registry / model, seed=0)
         workers = cls(tmp)
-        workers.data_dir.mkdir()
-        ENGINE_CACHE_DIR.mkdir(exist_ok=True)
-        (workers.data_dir / "engine-cache").symlink_to(ENGINE_CACHE_DIR)  # compile caches warm across sessions
         workers.env.update(LIGHTNING_MODELS_DIR=str(registry))
         (tmp / "harness.py").write_text(harness)
         return workers, registry
