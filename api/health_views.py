@@ -49,7 +49,7 @@ class RescoreCreateSerializer(serializers.Serializer):
     reward_script = serializers.PrimaryKeyRelatedField(queryset=RewardScript.objects.all(),
                                                        help_text="The script (at its current version) to score with")
     scope = serializers.ChoiceField(choices=RescoreScope.choices, default=RescoreScope.ALL)
-    step = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True,
+    step = serializers.IntegerField(min_value=0, max_value=rescoring.MAX_STEP, required=False, allow_null=True,
                                     help_text="With scope=step: the step whose train batch and evaluation to score")
 
     def __init__(self, *args, **kwargs):

@@ -30,6 +30,7 @@ WORKERS = 4
 """Reward scripts scored at once (each its own sandboxed process)."""
 PROGRESS_EVERY = 10
 MAX_STEP = 2**31 - 1
+"""The largest step a re-scoring takes (the step column's range); the API's serializer bounds it too."""
 
 
 def start_rescore(user, run: Run, reward_script: RewardScript, scope: str = RescoreScope.ALL,
