@@ -7,7 +7,7 @@ suffix), its own Redis database for the tests' queues and channel groups (`lane_
 (LIGHTNING_DATA_DIR/lanes/gwN: runs, engine caches and the embedded Redis never meet another lane's, though two lanes
 number their runs alike). The real agents and the models registry stay where the checkout put them.
 
-Modules start longest first (`ORDER`, from `--durations` on this 2-core machine) so that no lane is left with a long
+Modules start longest first (`ORDER`, measured on this 2-core machine) so that no lane is left with a long
 module at the end; a module not listed starts after the listed ones. The order changes no result, only the wall time.
 """
 from __future__ import annotations

@@ -27,14 +27,16 @@ def test_each_lane_gets_a_redis_database_of_its_own_never_the_apps():
         lanes.lane_redis_db(15, 16, "redis://h:6379/0")
 
 
-def test_this_lanes_settings_are_its_own():
+def test_this_lanes_settings_are_its_own(db):
     from django.conf import settings
+    from django.db import connection
 
     from tests.conftest import TEST_REDIS_DB
 
     index = lanes.lane()
     assert (index is None) == ("PYTEST_XDIST_WORKER" not in os.environ)
     if index is not None:
+        assert connection.settings_dict["NAME"].endswith(f"_gw{index}")  # pytest-django's test database of the lane
         assert Path(settings.DATA_DIR).name == f"gw{index}" and Path(settings.DATA_DIR).parent.name == "lanes"
         assert TEST_REDIS_DB == lanes.lane_redis_db(int(os.environ.get("LIGHTNING_TEST_REDIS_DB", "15")), index,
                                                     settings.REDIS_URL)
@@ -78,6 +80,7 @@ def test_the_conformance_table_and_skip_rule_read_every_lanes_reports(tmp_path):
     summary.pytest_terminal_summary(SimpleNamespace(write_sep=lambda *a: written.append(a[1]),
                                                     write_line=written.append))
     assert written[0] == "harness conformance" and "| codex | 1 | responses | yes | 2 | clean 2 | 5 / 5 |" in written[1]
+    assert written[2] == f"(all rows measured so far: {tmp_path / 'conformance.json'})"
     session = SimpleNamespace(exitstatus=0, config=SimpleNamespace(pluginmanager=SimpleNamespace(
         get_plugin=lambda name: SimpleNamespace(write_line=lambda *a, **k: written.append(a[0])))))
     summary.pytest_sessionfinish(session)
@@ -92,3 +95,28 @@ def test_the_conformance_table_and_skip_rule_read_every_lanes_reports(tmp_path):
 def test_every_module_in_the_order_exists():
     assert [m for m in lanes.ORDER if not (ROOT / m).is_file()] == []
     assert len(set(lanes.ORDER)) == len(lanes.ORDER)
+
+
+SKIPPING_MODULE = """
+def test_{name}(request):
+    request.node.user_properties.append(("conformance_skipped", "{name}"))
+"""
+
+
+@pytest.mark.parametrize("lane_args, failed", [(["-n", "2", "--dist", "loadfile"], True), ([], True),
+                                                (["-n", "2", "-k", "codex"], False)])
+def test_the_skip_rule_counts_the_skips_of_every_lane(tmp_path, lane_args, failed):
+    """A real pytest run, in two lanes or one: each module skips one harness, and the controller counts them all."""
+    for name in ("codex", "openhands"):
+        (tmp_path / f"test_{name}.py").write_text(SKIPPING_MODULE.format(name=name))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "DJANGO_SETTINGS"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:django",
+                           "-p", "tests.conformance.summary", "--rootdir", str(tmp_path), *lane_args, str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if failed:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "FAILED: 2 harnesses skipped (codex, openhands); at most 1 may be" in proc.stdout
+        assert "2 passed" in proc.stdout
+    else:
+        assert proc.returncode == 0, proc.stdout
+        assert "1 passed" in proc.stdout and "harnesses skipped" not in proc.stdout

@@ -22,8 +22,13 @@ def pytest_configure(config) -> None:
 
 class Summary:
     def __init__(self, output=None) -> None:
-        self.output = output  # the JSON file of rows (None: tests/conformance/table.OUTPUT)
+        self.output = output  # the JSON file of rows (None: tests/conformance/table.OUTPUT, read when first needed)
         self.rows, self.skipped = [], set()
+
+    def _output(self):
+        from tests.conformance import table
+
+        return self.output or table.OUTPUT
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report) -> None:
@@ -34,7 +39,7 @@ class Summary:
                 from tests.conformance import table
 
                 row = table.Row(**value)
-                table.record(row, self.output or table.OUTPUT)
+                table.record(row, self._output())
                 self.rows.append(row)
             elif name == SKIPPED:
                 self.skipped.add(value)
@@ -45,7 +50,7 @@ class Summary:
 
             terminalreporter.write_sep("=", "harness conformance")
             terminalreporter.write_line(table.markdown(self.rows))
-            terminalreporter.write_line(f"(all rows measured so far: {table.OUTPUT})")
+            terminalreporter.write_line(f"(all rows measured so far: {self._output()})")
 
     def pytest_sessionfinish(self, session) -> None:
         """CI fails when more than one harness could not be tested (checked only when harness tests ran)."""
