@@ -6,6 +6,8 @@ by every run of a model; one staged from a run's own checkpoint belongs to that 
 
 - A rollout's workdir goes once the rollout is recorded, but for failed ones: the newest
   LIGHTNING_FAILED_WORKDIRS_KEPT of each run, younger than LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H, stay for debugging.
+  Only workdirs marked failed (FAILED_MARK, written once their attempt is recorded) are ever pruned: the others
+  under `rollouts/` may belong to attempts still running.
 - Deleting a run removes its folder and the served folders of its checkpoints (delete_run_files).
 - `./lw manage disk` reports what all this holds and what could go; `--free` removes it (plan / free).
 """
@@ -63,26 +65,37 @@ def remove(path: Path) -> int:
 # ---- rollout workdirs -------------------------------------------------------------------------------------------
 
 
+FAILED_MARK = ".lightning-failed"
+"""A file in a workdir whose attempt was recorded as failed: only such workdirs are pruned while a run goes on."""
+
+
 def reclaim_workdir(workdir: Path, failed: bool) -> None:
-    """After a rollout is recorded: its workdir goes, unless it failed; then the run's failed workdirs are pruned
-    to the newest LIGHTNING_FAILED_WORKDIRS_KEPT younger than LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H. With
-    LIGHTNING_KEEP_ROLLOUT_WORKDIRS (debugging a harness), every workdir stays."""
+    """After a rollout is recorded: its workdir goes, unless it failed; then it is marked failed and the run's
+    failed workdirs are pruned to the newest LIGHTNING_FAILED_WORKDIRS_KEPT younger than
+    LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H. The workdirs of attempts still running are never counted (issue 40.1: 32
+    attempts in flight lost their files to one timeout). With LIGHTNING_KEEP_ROLLOUT_WORKDIRS (debugging a
+    harness), every workdir stays."""
     if settings.LIGHTNING_KEEP_ROLLOUT_WORKDIRS:
         return
     if not failed:
         remove(workdir)
         return
+    try:
+        (workdir / FAILED_MARK).touch()  # also makes it the newest by mtime
+    except OSError:  # no workdir (the harness never started): nothing to keep
+        pass
     for stale in failed_workdirs_over_policy(workdir.parent):
         remove(stale)
 
 
 def failed_workdirs_over_policy(rollouts_dir: Path, kept_ids: set[str] | None = None) -> list[Path]:
-    """Workdirs under `rollouts_dir` past the failed-workdir policy: older than the age limit, or beyond the newest
-    LIGHTNING_FAILED_WORKDIRS_KEPT. `kept_ids`, where given, are the failed rollouts' folder names (the others are
-    not counted: the disk command treats them apart)."""
+    """Failed rollouts' workdirs under `rollouts_dir` past the failed-workdir policy: older than the age limit, or
+    beyond the newest LIGHTNING_FAILED_WORKDIRS_KEPT. The failed ones are `kept_ids` where given (folder names of
+    rollouts the database says failed: the disk command), else those holding FAILED_MARK; no other folder counts."""
     keep, max_age = settings.LIGHTNING_FAILED_WORKDIRS_KEPT, settings.LIGHTNING_FAILED_WORKDIRS_MAX_AGE_H * 3600
     try:
-        entries = [p for p in rollouts_dir.iterdir() if p.is_dir() and (kept_ids is None or p.name in kept_ids)]
+        entries = [p for p in rollouts_dir.iterdir() if p.is_dir() and (
+            p.name in kept_ids if kept_ids is not None else (p / FAILED_MARK).is_file())]
     except OSError:
         return []
     now, dated = time.time(), []
@@ -159,12 +172,11 @@ class Plan:
 
 def plan() -> Plan:
     """Measure the runs dir and the served folders; list what the reclaim rules would remove."""
-    from runs.models import Rollout, RolloutStatus, Run
+    from runs.models import FINISHED_RUN_STATUSES, Rollout, RolloutStatus, Run
 
     result = Plan()
     runs_dir = Path(settings.LIGHTNING_RUNS_DIR)
     statuses = dict(Run.objects.values_list("pk", "status"))
-    finished = {"succeeded", "failed", "cancelled"}
     try:
         folders = sorted(p for p in runs_dir.iterdir() if p.is_dir())
     except OSError:
@@ -186,14 +198,14 @@ def plan() -> Plan:
             for workdir in rollouts.iterdir():
                 status = by_status.get(int(workdir.name)) if workdir.name.isdigit() else None
                 if status in (RolloutStatus.SUCCEEDED, RolloutStatus.CANCELLED, RolloutStatus.LOST) or (
-                        status is None and statuses[run_id] in finished):
+                        status is None and statuses[run_id] in FINISHED_RUN_STATUSES):
                     result.reclaimable.append(Item(workdir, size_of(workdir), f"workdir of a {status or 'gone'} "
                                                                               "rollout"))
             for workdir in failed_workdirs_over_policy(rollouts, failed):
                 result.reclaimable.append(Item(workdir, size_of(workdir), "workdir of a failed rollout past the "
                                                                           "kept count or age"))
         weights = folder / "engine" / "weights"
-        if statuses[run_id] in finished and weights.is_dir():
+        if statuses[run_id] in FINISHED_RUN_STATUSES and weights.is_dir():
             result.reclaimable.append(Item(weights, size_of(weights), "engine weights of a finished run (its "
                                                                       "checkpoints keep the model)"))
     for served, source in served_folders():

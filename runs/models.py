@@ -17,6 +17,10 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+FINISHED_RUN_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+"""A run in one of these has ended: no worker holds it."""
+
+
 class RolloutStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
@@ -116,7 +120,7 @@ class Run(Owned):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return self.status in FINISHED_RUN_STATUSES
 
     def harness_task(self, data: dict) -> dict:
         """The task as this run's harness may see it: the reward-only fields of its dataset snapshot left out.

@@ -39,11 +39,16 @@ def test_a_succeeded_workdir_goes_and_failed_ones_are_kept_within_the_limits(dir
     disk.reclaim_workdir(filled(rollouts / "1"), failed=False)
     assert not (rollouts / "1").exists()
     for i, age_h in ((2, 30), (3, 3), (4, 2), (5, 1)):  # 2 is past the age limit; 3 is the oldest beyond 2 kept
+        (filled(rollouts / str(i), mb=0) / disk.FAILED_MARK).touch()
+        then = time.time() - age_h * 3600
+        os.utime(rollouts / str(i), (then, then))
+    for i, age_h in ((7, 40), (8, 3), (9, 0)):  # attempts still running (not marked failed): never counted
         filled(rollouts / str(i), mb=0)
         then = time.time() - age_h * 3600
         os.utime(rollouts / str(i), (then, then))
     disk.reclaim_workdir(filled(rollouts / "6", mb=0), failed=True)
-    assert sorted(p.name for p in rollouts.iterdir()) == ["5", "6"]
+    assert sorted(p.name for p in rollouts.iterdir()) == ["5", "6", "7", "8", "9"]
+    assert (rollouts / "6" / disk.FAILED_MARK).is_file() and not (rollouts / "7" / disk.FAILED_MARK).exists()
 
 
 def test_deleting_a_run_removes_its_folder_and_the_served_folders_of_its_checkpoints(dirs, alice, alice_api,

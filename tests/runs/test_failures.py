@@ -319,3 +319,70 @@ async def _rollout(rollout_id):
     from asgiref.sync import sync_to_async
 
     return await sync_to_async(Rollout.objects.get)(pk=int(rollout_id))
+
+
+LIVE_HARNESS = '''
+import json, os, sys, time, urllib.request
+task = json.load(open(sys.argv[1]))
+body = {"model": "m", "messages": [{"role": "user", "content": task["question"]}], "max_tokens": 8}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                          "Content-Type": "application/json"})
+answer = json.loads(urllib.request.urlopen(request, timeout=30).read())["choices"][0]["message"]["content"]
+if task.get("fail"):
+    sys.exit(4)  # the policy's failure: its workdir is kept and the run's failed workdirs are pruned
+open("started", "w").write("1")
+for _ in range(300):  # the test releases it once the failed attempt is recorded
+    if os.path.exists("release"):
+        break
+    time.sleep(0.05)
+else:
+    sys.exit(5)
+json.dump({"answer": answer, "task_file_still_there": os.path.exists(sys.argv[1])}, open(sys.argv[2], "w"))
+'''
+
+
+async def test_a_failed_attempt_prunes_no_workdir_of_the_attempts_still_running(source, settings, tmp_path):
+    """Issue 40.1: one failed attempt's clean-up pruned every folder under rollouts/ but the newest
+    LIGHTNING_FAILED_WORKDIRS_KEPT, live ones included; their harnesses then failed. Here 24 attempts run beside one
+    that fails, with one failed workdir kept: every live one finishes with its files."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    from runs import disk
+
+    settings.LIGHTNING_FAILED_WORKDIRS_KEPT = 1
+    build, run = source
+    harness = tmp_path / "live_harness.py"
+    harness.write_text(LIVE_HARNESS)
+    run.harness_snapshot = {**run.harness_snapshot, "command": [*run.harness_snapshot["command"][:1], str(harness),
+                                                                "{task_file}", "{output_file}"]}
+    tasks = await sync_to_async(lambda: list(run.dataset.tasks.filter(split="train")[:2]))()
+    live_task, failing_task = tasks
+    failing_task.data = {**failing_task.data, "fail": True}
+    await sync_to_async(failing_task.save)()
+    harness_source = build()
+    rollouts = tmp_path / "work" / "rollouts"
+    live = [asyncio.create_task(harness_source.attempt(live_task, "train", 0, 0, i)) for i in range(24)]
+    for _ in range(1200):  # every live harness has called the model and waits
+        if rollouts.is_dir() and sum((p / "started").exists() for p in rollouts.iterdir()) == 24:
+            break
+        await asyncio.sleep(0.05)
+    live_dirs = sorted(p for p in rollouts.iterdir() if (p / "started").exists())
+    assert len(live_dirs) == 24
+
+    failed = await harness_source.attempt(failing_task, "train", 0, 1, 0)
+    assert failed.failure_kind == "policy"
+    assert [p.name for p in live_dirs if not (p / "task.json").is_file()] == []  # no live attempt was touched
+    assert (rollouts / failed.rollout_id / disk.FAILED_MARK).is_file()  # kept for debugging, marked
+    for workdir in live_dirs:
+        (workdir / "release").write_text("go")
+    results = await asyncio.gather(*live)
+
+    assert [(r.failure_kind, r.error) for r in results] == [("", "")] * 24
+    rows = await sync_to_async(lambda: list(Rollout.objects.filter(pk__in=[int(r.rollout_id) for r in results])
+                                            .values_list("status", "outcome")))()
+    assert [status for status, _ in rows] == ["succeeded"] * 24
+    assert all(outcome["task_file_still_there"] is True for _, outcome in rows)
+    assert sorted(p.name for p in rollouts.iterdir()) == [failed.rollout_id]  # succeeded ones went once recorded
