@@ -20,10 +20,18 @@ def _lookup(registry: dict, kind: str, name: str):
 # ---- advantages -------------------------------------------------------------------------------------------
 
 def _group_stats(rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-rollout group size, group mean and unbiased group std, each (N,)."""
+    """Per-rollout group size, group mean and unbiased group std, each (N,).
+
+    The mean of a group whose rewards are all equal is that reward exactly: a float sum is not ([0.1] * 3 sums to
+    0.30000000000000004), and r - mean of 1e-17 became a grpo advantage of 1e-11, so a group without signal still
+    moved the weights. With the exact mean, such a group's advantages are exactly 0 in every estimator.
+    """
     groups, inverse = torch.unique(group_index, return_inverse=True)
     count = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
     mean = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards) / count
+    low = torch.full_like(mean, torch.inf).scatter_reduce_(0, inverse, rewards, "amin")
+    high = torch.full_like(mean, -torch.inf).scatter_reduce_(0, inverse, rewards, "amax")
+    mean = torch.where(low == high, low, mean)  # (G,)
     sq = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
     return count[inverse], mean[inverse], std[inverse]
@@ -155,8 +163,8 @@ def _loss_metrics(weights: Tensor, pg: Tensor, kl: Tensor, ratio: Tensor, clippe
             "is/weight_max": is_weight.max().item() if is_weight.numel() else 0.0,
             "is/weight_min": is_weight.min().item() if is_weight.numel() else 0.0,
             "is/truncated_frac": mean(tis < is_weight),
-            "mismatch/logprob_abs": mean(log_is.abs()),
-            # |trainer - engine| logprob of the sampled tokens: ~0.02 when both use one distribution.
+            # |trainer - engine| logprob of the sampled tokens: ~0.02 when both use one distribution. One name only
+            # (it was also stored as mismatch/logprob_abs): the health rule and the run page's chart read this one.
             "train/logprob_mismatch_mean": mean(log_is.abs()),
             "train/logprob_mismatch_max": log_is.abs().max().item() if log_is.numel() else 0.0,
             # k3 estimate of KL(engine || trainer) from samples drawn by the engine.

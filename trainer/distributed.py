@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from trainer.algorithms import Metrics
 from trainer.config import TrainerConfig
 from trainer.packing import micro_batches
-from trainer.policy import Policy, _split
+from trainer.policy import Policy, minibatches
 from trainer.samples import Sample
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class ShardedPolicy(Policy):
         if self.config.updates_per_step == 1:
             return None
         out: list[Tensor | None] = [None] * len(samples)
-        for part in _split(len(samples), self.config.updates_per_step):
+        for part in minibatches(len(samples), self.config.updates_per_step):
             chunk = [samples[i] for i in part]
             for indices in self._micro_batches(chunk):
                 logp, _ = self.logprobs([chunk[i] for i in indices])  # (M,) in sample order

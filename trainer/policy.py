@@ -127,7 +127,7 @@ class Policy:
         old = self._old_logprobs(samples)
         self.trained_logprobs = [[None] * len(s.token_ids) for s in samples]
         totals = _MetricSum(sum_losses=False)  # mini-batch losses are each a mean: average them
-        for part in _split(len(samples), self.config.updates_per_step):
+        for part in minibatches(len(samples), self.config.updates_per_step):
             totals.add(self._update([samples[i] for i in part], adv[part], rollout[part], norm,
                                     None if old is None else [old[i] for i in part], part))
         self.step += 1
@@ -203,7 +203,9 @@ class Policy:
     def close(self) -> None:
         """Release the trainer's processes (none in one process)."""
 
-    def _backward(self, batch: PackedBatch, adv: Tensor, weights: Tensor, old: Tensor | None) -> Metrics:
+    def _backward(self, batch: PackedBatch, adv: Tensor, weights: Tensor, old: Tensor | None
+                  ) -> tuple[Metrics, Tensor]:
+        """Loss and gradients of one packed micro-batch: its metrics and the (M,) logprobs it trained, detached."""
         device = next(self.model.parameters()).device
         batch, adv, weights = batch.to(device), adv.to(device), weights.to(device)
         old = None if old is None else old.to(device)
@@ -327,7 +329,7 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     return reference
 
 
-def _split(n: int, parts: int) -> list[list[int]]:
+def minibatches(n: int, parts: int) -> list[list[int]]:
     """Contiguous near-equal index lists (mini-batches)."""
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]

@@ -192,27 +192,42 @@ def _classify(call: CallRecord, builders: list[_Builder], decode: Decode | None
     return FORK, None, prompt
 
 
+TAIL_MARGIN = 8
+"""Shared tokens a realign's tails keep before the first differing token: a decoder may treat a text's first
+tokens apart (SentencePiece drops a leading space; a byte-level token may hold half a character), so both tails
+begin on tokens the two sequences share and such an effect falls on both alike."""
+
+
 def realign_cut(tokens: Sequence[int], prompt: Sequence[int], decode: Decode) -> int | None:
     """Smallest k with decode(prompt[:k]) == decode(tokens), or None when no prompt prefix spells that text.
 
     That equality is the proof that `tokens` (holding the originally sampled ids) and prompt[:k] are the same
-    text, so the sample may keep `tokens` and continue with prompt[k:].
+    text, so the sample may keep `tokens` and continue with prompt[k:]. The candidate cuts are searched on the
+    tails past the common prefix (an agent's context is long and its realigned tail short: decoding the whole
+    context for every candidate was quadratic); the cut found is then proven once on the whole texts.
     """
-    common = 0
-    for a, b in zip(tokens, prompt):
-        if a != b:
-            break
-        common += 1
+    common = _common_prefix(tokens, prompt)
     if common == len(tokens):
         return None  # a clean extension (or the prompt is shorter): not a realign
-    target = decode(tokens)
+    start = max(0, common - TAIL_MARGIN)
+    target = decode(tokens[start:])
     for k in range(common + 1, len(prompt) + 1):
-        text = decode(prompt[:k])
-        if text == target:
+        text = decode(prompt[start:k])
+        if text == target and decode(prompt[:k]) == decode(tokens):
             return k
         if not target.startswith(text[:-4]):
             return None  # diverged (the last few characters may still be a partial multi-byte character)
     return None
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def drop_reason(failure_kind: str, error: str) -> str:

@@ -23,7 +23,7 @@ def step_metrics(step: int) -> dict[str, float]:
     return {
         "reward/mean": 0.1 * step, "reward/std": 0.05, "loss/total": 1.0 / step, "actor/entropy": 2.0,
         "actor/grad_norm": 0.5, "actor/clip_frac": 0.1, "actor/ratio_mean": 1.0, "is/weight_mean": 0.98,
-        "is/truncated_frac": 0.01, "mismatch/logprob_abs": 0.02, "mismatch/kl": 0.001,
+        "is/truncated_frac": 0.01, "train/logprob_mismatch_mean": 0.02, "mismatch/kl": 0.001,
         "length/completion_tokens_mean": 100.0 + step, "length/sample_tokens_mean": 300.0,
         "rollout/calls_mean": 2.0, "train/samples": 16.0, "groups/with_signal": 3.0,
         "samples/dropped_rollouts": 1.0, "rollout/policy_failures": 1.0, "drift/realign_count": 2.0,

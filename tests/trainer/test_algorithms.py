@@ -42,6 +42,23 @@ def test_it_gives_zero_advantage_to_a_group_of_one():
         assert compute_advantages(name, torch.tensor([1.0]), torch.tensor([0]))[0].tolist() == [0.0]
 
 
+EQUAL_GROUPS = [[0.1] * 3, [0.7] * 8, [0.9] * 8]  # partial credit whose float sum is inexact (repo suite)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("equal", EQUAL_GROUPS, ids=lambda r: f"{r[0]}x{len(r)}")
+def test_a_group_of_equal_rewards_gets_advantage_exactly_zero(name, equal):
+    """Issue 40.2: float64 as the scheduler builds them; the mean of [0.1] * 3 is 0.1 + 1.4e-17, which made grpo's
+    advantages 1.4e-11 (not 0), so the step without signal still moved the weights."""
+    rewards = torch.tensor(equal + [1.0, 0.0, 0.5], dtype=torch.float64)
+    groups = torch.tensor([4] * len(equal) + [9, 9, 9])
+    advantages, metrics = compute_advantages(name, rewards, groups)
+    assert advantages[:len(equal)].tolist() == [0.0] * len(equal)
+    assert advantages[len(equal):].tolist() == pytest.approx(loop_advantage(name, [1.0, 0.0, 0.5], [9] * 3, 1e-6))
+    # The group's 0.5 sits exactly on its mean: 0 too.
+    assert metrics["advantage/zero_frac"] == pytest.approx((len(equal) + 1) / len(rewards))
+
+
 def loop_advantage(name, rewards, groups, eps):
     out = []
     for r, g in zip(rewards, groups):
@@ -154,7 +171,7 @@ def test_it_clips_asymmetrically_and_truncates_importance_weights_by_hand():
     assert metrics["actor/clip_frac"] == pytest.approx(2 / 3)
     assert metrics["is/truncated_frac"] == pytest.approx(1 / 3)
     assert metrics["is/weight_max"] == pytest.approx(3.0)
-    assert metrics["mismatch/logprob_abs"] == pytest.approx((math.log(3) + math.log(2)) / 3)
+    assert metrics["train/logprob_mismatch_mean"] == pytest.approx((math.log(3) + math.log(2)) / 3)
     assert metrics["mismatch/kl"] == pytest.approx((3 - math.log(3) - 1 + 0.5 + math.log(2) - 1) / 3)
 
 

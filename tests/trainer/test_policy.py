@@ -1,5 +1,8 @@
 """Policy: packed logprobs equal unpacked ones, micro-batching equals one batch, checkpoints resume exactly."""
+import copy
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,9 +10,12 @@ from hypothesis import given, settings, strategies as st
 
 from tests.trainer.conftest import make_sample
 from tests.trainer.inprocess import tiny_qwen2
+from trainer.algorithms import compute_advantages
 from trainer.config import TrainerConfig
 from trainer.packing import micro_batches, pack, padded_positions
 from trainer.policy import Policy, read_checkpoint_config, token_logprobs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def unpacked_logprobs(model, samples, temperature):
@@ -110,8 +116,22 @@ def test_it_reports_loss_mismatch_and_clipping_of_an_on_policy_step(random_sampl
     assert metrics["actor/ratio_mean"] == pytest.approx(1.0)
     tis = torch.exp(logp - (-4.0)).clamp(max=2.0)
     assert metrics["loss/policy"] == pytest.approx(-tis.mean().item(), rel=1e-5)
-    assert metrics["mismatch/logprob_abs"] == pytest.approx((logp + 4.0).abs().mean().item(), rel=1e-5)
+    assert metrics["train/logprob_mismatch_mean"] == pytest.approx((logp + 4.0).abs().mean().item(), rel=1e-5)
     assert policy.step == 1
+
+
+def test_the_step_metrics_hold_the_logprob_mismatch_under_one_name_the_charts_read(random_samples):
+    """Issue 40.11: one number was stored twice, as mismatch/logprob_abs and train/logprob_mismatch_mean. The one
+    kept is the name the health rule reads and the run page's policy chart draws."""
+    policy = Policy(tiny_qwen2(), TrainerConfig(dtype="float32"))
+    metrics = policy.train_step(random_samples, [1.0] * 10, list(range(10)))
+    assert "mismatch/logprob_abs" not in metrics
+    assert metrics["train/logprob_mismatch_mean"] <= metrics["train/logprob_mismatch_max"]
+    chart = (ROOT / "static" / "js" / "run_chart.js").read_text()
+    policy_panel = chart[chart.index('id: "chart-policy"'):chart.index('id: "chart-data"')]
+    drawn = set(re.findall(r'metric: "([^"]+)"', policy_panel))
+    assert "train/logprob_mismatch_mean" in drawn
+    assert drawn <= set(metrics), drawn - set(metrics)  # the policy panel draws only what a step stores
 
 
 def test_it_clips_gradients_to_the_configured_norm():
@@ -258,3 +278,25 @@ def test_a_step_without_signal_does_not_move_the_weights(random_samples):
     moved = policy.train_step(random_samples, [1.0 if i % 2 else -1.0 for i in range(n)], list(range(n)))
     assert moved["train/optimizer_skipped"] == 0.0
     assert any(not torch.equal(before[name], p) for name, p in policy.model.named_parameters())
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("equal", [[0.1] * 3, [0.7] * 8, [0.9] * 8], ids=lambda r: f"{r[0]}x{len(r)}")
+def test_groups_of_equal_partial_credit_do_not_move_the_weights_or_the_optimizer(random_samples, name, equal):
+    """Issue 40.2: equal rewards whose float64 sum is inexact (as the scheduler builds them) gave advantages of
+    1e-11, not 0: the gradient was not 0 and AdamW's momentum moved the weights on a step without signal."""
+    policy = Policy(tiny_qwen2(), TrainerConfig(learning_rate=1e-3, dtype="float32"))
+    samples = (random_samples * 2)[:len(equal)]
+    policy.train_step(samples, [1.0 if i % 2 else -1.0 for i in range(len(samples))], list(range(len(samples))))
+    before = {key: p.detach().clone() for key, p in policy.model.named_parameters()}
+    state = copy.deepcopy(policy.optimizer.state_dict())
+    rewards = torch.tensor(equal, dtype=torch.float64)  # as the scheduler builds them
+    advantages, _ = compute_advantages(name, rewards, torch.zeros(len(equal), dtype=torch.long))
+    metrics = policy.train_step(samples, advantages.tolist(), list(range(len(samples))))
+    assert metrics["actor/grad_norm"] == 0.0 and metrics["train/optimizer_skipped"] == 1.0
+    assert all(torch.equal(before[key], p) for key, p in policy.model.named_parameters())
+    after = policy.optimizer.state_dict()
+    assert after["state"].keys() == state["state"].keys()
+    assert all(torch.equal(torch.as_tensor(state["state"][k][field]), torch.as_tensor(v[field]))
+               for k, v in after["state"].items() for field in v)
+    assert policy.step == 2

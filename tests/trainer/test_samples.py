@@ -3,6 +3,7 @@ from hypothesis import given, settings, strategies as st
 
 import pytest
 
+from tests.trainer.realign_reference import reference_realign_cut
 from trainer.samples import CallRecord, build_samples, realign_cut
 
 LETTERS = {i: chr(ord("a") + i) for i in range(26)}
@@ -227,3 +228,104 @@ def test_a_call_of_one_choice_is_never_taken_for_a_sibling():
              CallRecord(2, (1, 2, 4, 5), (6,), (-0.3,))]
     samples = build_samples(retry).samples
     assert sorted(s.num_loss_tokens for s in samples) == [1, 2]
+
+
+# ---- issue 40.7: the cut is searched on the tails past the common prefix, and equals the whole-text scan's ------
+
+SPACED = {**VOCAB, 50: " ", **{60 + i: " " + chr(ord("a") + i) for i in range(26)}}
+"""A SentencePiece-like vocabulary: a space token and space-prefixed letters, whose decoder drops one leading space."""
+
+
+def decode_joined(ids):
+    return "".join(SPACED[i] for i in ids)
+
+
+def decode_spaced(ids):
+    text = decode_joined(ids)
+    return text[1:] if text.startswith(" ") else text
+
+
+def retokenize_spaced(ids):
+    """Bigrams as in `retokenize`, and a space followed by a letter as one space-prefixed token."""
+    out = []
+    for i in retokenize(ids):
+        if out and out[-1] == 50 and i < 26:
+            out[-1] = 60 + i
+        else:
+            out.append(i)
+    return out
+
+
+spaced_ids = st.lists(st.sampled_from([*range(26), 50, 100, 101, 102, 60, 61, 62]), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(context=spaced_ids, sampled=spaced_ids.filter(bool), inserted=spaced_ids, edit=st.integers(-1, 90),
+       value=st.sampled_from([0, 1, 2, 50, 60, 100]), spaced=st.booleans())
+def test_the_tail_cut_equals_the_whole_text_scan(context, sampled, inserted, edit, value, spaced):
+    """Re-rendered histories (bigrams, space merges), some with one token edited so the texts differ: the cut
+    searched on the tails is the reference's (the whole context decoded for every candidate), None included."""
+    decode_fn, rerender = (decode_spaced, retokenize_spaced) if spaced else (decode_joined, retokenize)
+    tokens = context + sampled
+    prompt = rerender(tokens) + inserted
+    if 0 <= edit < len(prompt):
+        prompt[edit] = value
+    assert realign_cut(tokens, prompt, decode_fn) == reference_realign_cut(tokens, prompt, decode_fn)
+
+
+@pytest.mark.parametrize("context", [[5], [5] * 20, [50] * 20], ids=["short", "long", "spaces"])
+def test_a_space_the_decoder_drops_at_a_tails_start_proves_nothing(context):
+    """'f ab' and 'fab' differ, though their tails past the common prefix, ' ab' and 'ab', decode alike once the
+    decoder has dropped a leading space: the tails begin on shared tokens, and the cut is proven on the whole texts."""
+    tokens, prompt = context + [60, 1], context + [0, 1, 7]
+    assert reference_realign_cut(tokens, prompt, decode_spaced) is None
+    assert realign_cut(tokens, prompt, decode_spaced) is None
+    assert realign_cut(context + [50, 0, 1], context + [60, 1, 7], decode_spaced) == len(context) + 2
+
+
+def test_the_tail_cut_equals_the_whole_text_scan_with_the_real_tiny_tokenizer():
+    """Byte-level BPE on texts with multi-byte characters, sampled in non-canonical pieces (a character may be
+    split across tokens), re-encoded canonically; some with the text changed after the sampled part."""
+    import random
+
+    from trainer.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    rng = random.Random(40)
+    words = ["the", " answer", " is", " 408", "é", "中文", "🙂", "\n", " CALC:", "12*34", "  ", "ß"]
+    text = lambda ids: tok.decode(list(ids))  # noqa: E731
+    found = 0
+    for _ in range(150):
+        context = "".join(rng.choices(words, k=rng.randint(0, 30)))
+        reply = "".join(rng.choices(words, k=rng.randint(1, 12)))
+        cuts = sorted(rng.sample(range(len(reply) + 1), min(3, len(reply) + 1)))
+        pieces = [reply[a:b] for a, b in zip([0, *cuts], [*cuts, len(reply)]) if b > a]
+        sampled = [i for piece in pieces for i in tok.encode(piece, add_special_tokens=False)]
+        if rng.random() < 0.3:  # a split inside a multi-byte character: raw bytes as their own tokens
+            sampled = [i for ch in reply for i in tok.encode(ch, add_special_tokens=False)]
+        after = rng.choice(["", " RESULT", "🙂 ok"]) if rng.random() < 0.7 else rng.choice(words)
+        tokens = tok.encode(context, add_special_tokens=False) + sampled
+        prompt = tok.encode(context + reply + after, add_special_tokens=False)
+        if rng.random() < 0.2:
+            prompt = tok.encode(context + reply[::-1] + after, add_special_tokens=False)
+        cut = realign_cut(tokens, prompt, text)
+        assert cut == reference_realign_cut(tokens, prompt, text), (context, reply, after)
+        found += cut is not None
+    assert found > 30  # the cases did realign, not only fork
+
+
+def test_a_realign_decodes_the_long_context_only_to_prove_the_cut():
+    """Issue 40.7: main decoded the whole context for every candidate cut (quadratic in an agent's context). Now
+    the candidates are tails past the common prefix, and the whole texts are decoded once each for the proof."""
+    context = [i % 26 for i in range(10_000)]
+    tokens = context + [0, 1] * 20  # the engine sampled 'abab...' as letters
+    prompt = context + [100] * 20 + [7]  # the harness re-rendered them as the bigram 'ab'
+    seen = []
+
+    def counting(ids):
+        seen.append(len(ids))
+        return decode(ids)
+
+    assert realign_cut(tokens, prompt, counting) == len(context) + 20
+    assert sum(n >= len(context) for n in seen) == 2
+    assert sum(seen) < 3 * len(tokens)
