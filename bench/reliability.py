@@ -6,6 +6,7 @@ table RELIABILITY.md holds, then one last line:
 
     RESULT api_5xx=<n> api_cases=<n> faults_passed=<k>/<m> lost_records=<n> load_recorded_equals_sent=<bool>
            isolation_escapes=<n> cross_run_key_escapes=<n> disk_left_by_succeeded_rollouts_mb=<x>
+           live_workdirs_lost=<n>
 
 Database and Redis come from the environment as for any test run (DATABASE_URL, REDIS_URL,
 LIGHTNING_TEST_REDIS_DB). The fault tests and the proxy benchmarks start vLLM, Celery workers and servers of
@@ -133,7 +134,8 @@ def main() -> None:
           f"isolation_escapes={isolation.get('isolation_escapes', 'none')} "
           f"cross_run_key_escapes={isolation.get('cross_run_key_escapes', 'none')} "
           f"disk_left_by_succeeded_rollouts_mb="
-          f"{by_name.get('disk', none).figures.get('disk_left_by_succeeded_rollouts_mb', 'none')}")
+          f"{by_name.get('disk', none).figures.get('disk_left_by_succeeded_rollouts_mb', 'none')} "
+          f"live_workdirs_lost={by_name.get('disk', none).figures.get('live_workdirs_lost', 'none')}")
     failed = [part.name for part in parts if part.exit_code != 0]
     sys.exit(1 if failed else 0)
 
