@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import threading
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from catalog.models import Split
 from common import errors as common_errors
-from runs import services
+from runs import selectors, services
 from runs.models import RolloutStatus, Run, RunStatus
 from trainer.scheduler import read_counters
 
@@ -216,13 +217,15 @@ def checkpoint_step(path: str | Path) -> int:
 
 
 def prune_checkpoints(folder: Path, keep: int | None = None) -> list[Path]:
-    """Delete all but the newest `keep` (LIGHTNING_CHECKPOINTS_KEPT) complete checkpoints; returns the deleted.
+    """Delete all but the newest `keep` (LIGHTNING_CHECKPOINTS_KEPT) complete checkpoints, never one that another
+    run uses as its model (it loads it at every start, resume or continue); returns the deleted.
 
     A SmolLM2-135M checkpoint is about 1.6 GB (weights and AdamW state): a long run must not fill the disk.
     """
     keep = keep or settings.LIGHTNING_CHECKPOINTS_KEPT
     complete = sorted(_checkpoints(folder), key=checkpoint_step)
-    doomed = complete[:-keep]
+    in_use = set(selectors.runs_with_models_in(folder).values_list("model_info__path", flat=True))
+    doomed = [path for path in complete[:-keep] if os.path.realpath(path) not in in_use]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

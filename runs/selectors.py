@@ -1,6 +1,7 @@
-"""Non-trivial reads: what a user may see, event replay, metric queries."""
+"""Non-trivial reads: what a user may see, event replay, metric queries, the runs that use a folder as their model."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.db.models import Count, Q, QuerySet
@@ -68,3 +69,10 @@ def validation_grid(run: Run) -> dict[str, Any]:
     return {"pass_threshold": threshold, "steps": steps,
             "tasks": [{"task": t["pk"], "external_id": t["external_id"], "index": t["index"],
                        "cells": [cells.get((t["pk"], step)) for step in steps]} for t in tasks]}
+
+
+def runs_with_models_in(folder: str | os.PathLike) -> QuerySet:
+    """Runs whose model is the folder `folder` or one under it (a run's checkpoints). A run stores its model's real
+    path (catalog.registry.check_model_path), so `folder` is resolved the same way."""
+    root = os.path.realpath(folder)
+    return Run.objects.filter(Q(model_info__path=root) | Q(model_info__path__startswith=os.path.join(root, "")))

@@ -19,10 +19,11 @@ def runs_dir(tmp_path, settings):
 
 
 def model_folder(path):
-    """A folder the registry reads as a transformers model (config.json and one weights file)."""
+    """A folder the registry reads as a transformers model (config.json, one weights file and a tokenizer)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     (path / "model.safetensors").write_bytes(b"")
+    (path / "tokenizer.json").write_text("{}")
     return path
 
 

@@ -15,15 +15,20 @@ from typing import Mapping
 import httpx
 
 from trainer.engine.server import EngineError
+from trainer.model_files import served_files
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+CONTROL_TIMEOUT_S = 300.0
+"""Seconds one control request to the engine (pause, reload, resume, ...) may take; a weight reload is one."""
 
 
 def stage_model(source: str | Path, dest: str | Path, dtype: str | None = None) -> Path:
     """Make a run-private copy of a model folder to serve (hard links where possible: cheap).
 
+    Only the model's own files are staged (trainer.model_files.served_files): a checkpoint folder also holds the
+    KL reference's weights and the optimizer state, and vLLM would load every *.safetensors it finds.
     Weight sync renames new files over the served ones, which replaces directory entries and never writes
     through a link, so the source folder in the registry stays untouched. Tied embeddings are untied in
     the copy (see `untie`). With `dtype` ('bfloat16', 'float32'), the copy's weights are in that dtype (the
@@ -32,10 +37,7 @@ def stage_model(source: str | Path, dest: str | Path, dtype: str | None = None) 
     """
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir():
-        if item.is_dir():
-            shutil.copytree(item, dest / item.name, dirs_exist_ok=True)
-            continue
+    for item in served_files(source):
         target = dest / item.name
         target.unlink(missing_ok=True)
         try:
@@ -224,7 +226,8 @@ class WeightSync:
     so it survives a restart of this object and every client can read it.
     """
 
-    def __init__(self, base_url: str, model_dir: str | Path, timeout: float = 300.0, pause_mode: str = "wait"):
+    def __init__(self, base_url: str, model_dir: str | Path, timeout: float = CONTROL_TIMEOUT_S,
+                 pause_mode: str = "wait"):
         if pause_mode not in ("wait", "abort", "keep"):
             raise ValueError(f"pause_mode must be 'wait', 'abort' or 'keep', got {pause_mode!r}")
         self.base_url = base_url.rstrip("/")
