@@ -11,11 +11,15 @@ from proxy.errors import ProxyError
 class Gate:
     """Admission control for engine calls; `pause` returns once every admitted call has finished."""
 
-    def __init__(self, wait_s: float = 30.0, retry_after_s: float = 5.0) -> None:
-        self.wait_s = wait_s  # how long a new call waits while paused before its 429
+    def __init__(self, wait_s: float | None = 30.0, retry_after_s: float = 5.0) -> None:
+        # How long a new call waits while paused before its 429 (None: until resumed). A run sets it to as long as
+        # its weight update may keep the gate closed (runs.gated_engine): a shorter wait refuses more of the calls
+        # of long trajectories, which then train less often than short ones.
+        self.wait_s = wait_s
         self.retry_after_s = retry_after_s
         self.in_flight = 0
         self.waiting = 0  # calls held at the gate right now
+        self.refusals = 0  # timed (train) calls refused with a 429 so far: the run's rollout/gate_refusals
         self._open = asyncio.Event()
         self._open.set()
         self._drained = asyncio.Event()
@@ -35,7 +39,8 @@ class Gate:
         return self._busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     async def enter(self, timed: bool = True) -> None:
-        """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused.
+        """Admit one call, waiting up to wait_s while paused; ProxyError(429) if still paused (counted in `refusals`
+        when timed).
 
         Every call drains before a pause returns; only `timed` ones count in `busy_seconds` (the proxy leaves
         evaluation calls out: they are not a training step's generation).
@@ -45,6 +50,8 @@ class Gate:
             try:
                 await asyncio.wait_for(self._open.wait(), self.wait_s)
             except TimeoutError:
+                if timed:
+                    self.refusals += 1
                 raise ProxyError(
                     429,
                     "the engine is paused for a weight update; retry shortly",

@@ -4,10 +4,16 @@ from __future__ import annotations
 import asyncio
 
 from proxy.server import ProxyServer
+from trainer.engine.sync import CONTROL_TIMEOUT_S
 
 
 class WeightSyncStalled(RuntimeError):
     """The calls in flight did not finish within the drain timeout of a weight update."""
+
+
+def gate_wait_s(drain_timeout_s: float | None) -> float | None:
+    """How long a weight update may keep the gate closed: its drain, then the reload of the weights (None: no bound)."""
+    return None if drain_timeout_s is None else drain_timeout_s + CONTROL_TIMEOUT_S
 
 
 class GatedEngine:
@@ -19,8 +25,12 @@ class GatedEngine:
     """
 
     def __init__(self, engine, server: ProxyServer, drain_timeout_s: float | None = None):
-        """`drain_timeout_s`: how long a weight update waits for the calls in flight (None: as long as they take)."""
+        """`drain_timeout_s`: how long a weight update waits for the calls in flight (None: as long as they take).
+
+        The proxy's gate holds a new call for as long as an update may keep it closed (`gate_wait_s`), so a
+        call is refused only when the update is stuck, whatever the length of its trajectory."""
         self.engine, self.server, self.drain_timeout_s = engine, server, drain_timeout_s
+        server.app.gate.wait_s = gate_wait_s(drain_timeout_s)
 
     @property
     def version(self) -> int:

@@ -17,7 +17,7 @@ POLICY = {
     "script-src": "'self'",
     "style-src": "'self' 'unsafe-inline'",
     "img-src": "'self' data: blob:",
-    "connect-src": "'self' ws: wss:",
+    "connect-src": "'self' ws://testserver wss://testserver",  # the dashboard's websocket, to this host alone
     "worker-src": "'self' blob:",
     "frame-ancestors": "'none'",
     "form-action": "'self'",
@@ -50,6 +50,31 @@ def test_it_secures_a_dashboard_page(client, alice, make_run):
     assert response.status_code == 200
     assert_secured(response)
     assert b'<script type="module" src="/static/js/pages/run_detail.js"></script>' in response.content
+
+
+@override_settings(ALLOWED_HOSTS=["lightning.example", "testserver"])
+def test_the_websocket_may_reach_the_pages_own_host_and_port_only(client, alice):
+    """Issue 40.9: `connect-src ws: wss:` let a script open a websocket to any host. 'self' alone does not cover
+    ws: to the same host in every browser, so the page's own host and port are named, from its request."""
+    client.force_login(alice)
+    response = client.get("/", HTTP_HOST="lightning.example:8443", secure=True)
+    assert response.status_code == 200
+    assert directives(response)["connect-src"] == "'self' ws://lightning.example:8443 wss://lightning.example:8443"
+    assert {"ws:", "wss:"}.isdisjoint(directives(response)["connect-src"].split())
+    assert_secured(client.get("/"))  # the test client's own host, testserver
+
+
+def test_a_host_not_allowed_gets_no_websocket_source():
+    """CommonMiddleware answers such a request 400 before a view runs; the policy still names no host it was not
+    allowed to name."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from lightning_web.security import SameHostCSPMiddleware
+
+    request = RequestFactory().get("/", HTTP_HOST="evil.example")
+    response = SameHostCSPMiddleware(lambda r: HttpResponse("ok"))(request)
+    assert directives(response)["connect-src"] == "'self'"
 
 
 def test_it_secures_an_api_response(alice_api):

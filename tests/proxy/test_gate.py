@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import httpx
 import pytest
 
 from proxy.app import create_app
+from proxy.server import ProxyServer
 from proxy.types import InMemoryRecorder, UpstreamConfig
+from runs.gated_engine import GatedEngine
 from tests.proxy.conftest import LiveServer, headers, until
+from tests.proxy.fake_upstream import FakeVLLM
 
 BOTH = pytest.mark.parametrize("upstream_stream", [True, False], ids=["engine-streams", "engine-whole"])
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -28,6 +33,23 @@ async def test_it_answers_429_with_retry_after_when_paused_too_long(proxy, clien
         (0, "chat", 429, []), (1, "messages", 429, [])]
     assert recorder.calls[0].error == "engine_paused: the engine is paused for a weight update; retry shortly"
     assert recorder.calls[0].request == CHAT and recorder.calls[0].latency_ms >= 0
+
+
+async def test_it_counts_the_train_calls_it_refuses_apart(proxy, client, directory, recorder):
+    """Issue 40.6: the run's `rollout/gate_refusals` each step. Evaluation calls are refused alike but not counted:
+    they train nothing (as in `busy_seconds`)."""
+    directory.add("v1", "sv", split="val")
+    await proxy.pause()
+    refused = await client.post("/chat/completions", json=CHAT)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy), base_url="http://proxy/rollouts/v1/v1",
+                                 headers=headers("sv")) as val:
+        assert (await val.post("/chat/completions", json=CHAT)).status_code == 429
+    await proxy.resume()
+    answered = await client.post("/chat/completions", json=CHAT)
+
+    assert (refused.status_code, answered.status_code) == (429, 200)
+    assert proxy.gate.refusals == 1
+    assert [(c.rollout_id, c.status_code) for c in recorder.calls] == [("r1", 429), ("v1", 429), ("r1", 200)]
 
 
 async def test_a_refused_call_with_n_choices_keeps_the_rollouts_seqs_whole(proxy, client, recorder):
@@ -169,3 +191,68 @@ async def test_it_stamps_every_call_with_the_weights_that_answered_it(fake, dire
     assert {c.policy_version for c in calls} == {0, 1} and {c.stream for c in calls} == {False, True}
     assert [c.upstream_response["system_fingerprint"] for c in calls] == [f"v{c.policy_version}" for c in calls]
     assert fake.mixed == []
+
+
+class SlowUpdate:
+    """The scheduler's Engine over the fake vLLM: a weight update that takes `update_s`."""
+
+    def __init__(self, fake: FakeVLLM, update_s: float):
+        self.fake, self.update_s, self.version = fake, update_s, 0
+
+    async def pause(self) -> None:
+        pass
+
+    async def update_weights(self, model, version: int) -> None:
+        await asyncio.sleep(self.update_s)
+        self.fake.version = self.version = version
+
+    async def resume(self) -> None:
+        pass
+
+
+def test_a_run_holds_calls_as_long_as_a_drain_and_a_reload_may_take(fake, directory, recorder):
+    """Issue 40.6: the gate refused a call after 30 s while a weight update may drain for
+    LIGHTNING_WEIGHT_SYNC_DRAIN_S (600 s) and then reload, so rollouts with more calls were dropped more often."""
+    app = create_app(directory, recorder, UpstreamConfig(base_url="http://engine/v1"))  # as runs.orchestrator does
+    server = ProxyServer(app, host="127.0.0.1")
+    try:
+        GatedEngine(SlowUpdate(fake, 0), server, drain_timeout_s=600)
+        assert app.gate.wait_s > 600
+        from trainer.engine.sync import CONTROL_TIMEOUT_S  # the reload's bound
+
+        assert app.gate.wait_s == 600 + CONTROL_TIMEOUT_S
+        GatedEngine(SlowUpdate(fake, 0), server, drain_timeout_s=None)  # drains as long as calls take
+        assert app.gate.wait_s is None
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_call_waits_out_a_weight_update_longer_than_30_s_and_is_answered_by_the_new_weights(directory, recorder):
+    """The behaviour behind the number: a call that arrives as a 31 s weight update starts is held, not refused."""
+    fake = FakeVLLM()
+    with ProxyServer(fake, host="127.0.0.1") as upstream:
+        app = create_app(directory, recorder, UpstreamConfig(base_url=f"http://127.0.0.1:{upstream.port}/v1"),
+                         policy_version=lambda: weights.version)
+        with ProxyServer(app, host="127.0.0.1") as proxy:
+            weights = SlowUpdate(fake, 31.0)
+            engine = GatedEngine(weights, proxy, drain_timeout_s=5)
+            asyncio.run(engine.pause())
+            answers = []
+            call = threading.Thread(target=lambda: answers.append(httpx.post(
+                f"http://127.0.0.1:{proxy.port}/rollouts/r1/v1/chat/completions", json=CHAT, headers=headers(),
+                timeout=120)))
+            call.start()
+            deadline = time.monotonic() + 10
+            while app.gate.waiting == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert app.gate.waiting == 1
+            asyncio.run(engine.update_weights(None, 1))
+            asyncio.run(engine.resume())
+            call.join(60)
+
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["system_fingerprint"] == "v1"
+    assert [(c.status_code, c.policy_version) for c in recorder.calls] == [(200, 1)]
+    assert app.gate.refusals == 0
