@@ -160,12 +160,15 @@ class SampleSerializer(serializers.ModelSerializer):
 
 class RolloutSerializer(serializers.ModelSerializer):
     task_external_id = serializers.CharField(source="task.external_id", default=None, read_only=True)
+    fate = serializers.CharField(read_only=True, help_text="What its training step did with it, in words: 'sampled "
+                                                           "for step 3: trained' or '...: dropped (why)'; '' before")
 
     class Meta:
         model = Rollout
         fields = ["id", "run", "task", "task_external_id", "split", "step", "group", "attempt", "greedy",
                   "policy_version", "status", "failure_kind", "reward", "reward_detail", "exit_code", "error",
-                  "call_count", "created_at", "started_at", "finished_at"]
+                  "call_count", "batch_step", "trained_step", "drop_reason", "fate", "created_at", "started_at",
+                  "finished_at"]
         read_only_fields = fields
 
 

@@ -71,7 +71,8 @@ def setup_django(args, data_dir: Path, db_name: str) -> None:
     build_tiny_model(models_dir / "tiny", seed=0, name="tiny")  # a real tokenizer for the token view
     os.environ.pop("REDIS_URL", None)  # the data dir's own embedded Redis (run.status events are published)
     os.environ.update(LIGHTNING_DATA_DIR=str(data_dir), LIGHTNING_MODELS_DIR=str(models_dir),
-                      DJANGO_SETTINGS_MODULE="lightning_web.settings", DEBUG="0")
+                      DJANGO_SETTINGS_MODULE="lightning_web.settings", DEBUG="0",
+                      LIGHTNING_EMBEDDED_REDIS_OWNER=str(os.getpid()))  # it ends with this bench, however it ends
     if args.sqlite:
         os.environ.pop("DATABASE_URL", None)
     else:
@@ -401,10 +402,11 @@ def main() -> None:
         if failed:
             raise SystemExit(1)
     finally:
-        _cleanup(args, data_dir, db_name)
+        cleanup(args, data_dir, db_name)
 
 
-def _cleanup(args, data_dir: Path, db_name: str) -> None:
+def cleanup(args, data_dir: Path, db_name: str) -> None:
+    """After a bench: its database dropped (unless kept or reused), its embedded Redis stopped, its data dir gone."""
     from django.apps import apps
 
     if apps.ready:

@@ -99,6 +99,7 @@ def setup_django(workdir: Path) -> None:
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lightning_web.settings")
     os.environ.setdefault("LIGHTNING_QUIET_LOGGERS", "1")
+    os.environ["LIGHTNING_EMBEDDED_REDIS_OWNER"] = str(os.getpid())  # an embedded Redis ends with this bench
     sys.path.insert(0, str(REPO))
     import django
 
@@ -175,8 +176,8 @@ def run_case(case: str, user, model: Path, workdir: Path, steps: int) -> dict:
     elif case == "clean":
         fault_step = None
     else:
-        marked = [r for r in Rollout.objects.filter(run=run, split="train", trained_step__isnull=False)
-                  .values_list("trained_step", "outcome__fault") if r[1] is True]
+        marked = [r for r in Rollout.objects.filter(run=run, split="train", batch_step__isnull=False)
+                  .values_list("batch_step", "outcome__fault") if r[1] is True]
         fault_step = min((step for step, _ in marked), default=None)
     expected = EXPECTED.get(case)
     hits = [step for step, kind in alarms if kind == expected and fault_step is not None and step >= fault_step]

@@ -139,7 +139,7 @@ class Bodies:
 METRICS = ["actor/clip_frac", "actor/entropy", "actor/grad_norm", "actor/ratio_mean", "advantage/abs_mean",
            "advantage/mean", "advantage/zero_frac", "is/truncated_frac", "is/weight_max", "is/weight_mean",
            "is/weight_min", "length/completion_tokens_mean", "length/sample_tokens_mean", "loss/kl", "loss/policy",
-           "loss/total", "mismatch/kl", "mismatch/logprob_abs", "reward/mean", "reward/pass_rate", "reward/std",
+           "loss/total", "mismatch/kl", "reward/mean", "reward/pass_rate", "reward/std",
            "rollout/calls_mean", "rollout/failed_frac", "rollout/generated_tokens_per_s", "rollout/infra_failures",
            "rollout/policy_failures", "staleness/max", "staleness/mean", "time/busy_frac", "time/drain",
            "time/generate", "time/idle", "time/score", "time/step", "time/sync", "time/train",
@@ -246,7 +246,7 @@ def _rollout(run, rng: random.Random, bodies: Bodies, task: int, split: str, ste
     reward = None if failed else float(rng.random() < 0.4 + step / 400)
     trained = split == "train"
     return Rollout(run=run, task_id=task, split=split, step=step, group=group, attempt=attempt, greedy=greedy,
-                   trained_step=step if trained else None, policy_version=step - 1, status="failed" if failed else "succeeded", reward=reward,
+                   batch_step=step if trained else None, trained_step=step if trained else None, policy_version=step - 1, status="failed" if failed else "succeeded", reward=reward,
                    reward_detail={"reward": reward, "checked": True, "answer": str(rng.randrange(1000))},
                    exit_code=1 if failed else 0, stdout_tail=bodies.stdout[rng.randrange(POOL)],
                    stderr_tail="Traceback: harness crashed" if failed else "",
@@ -303,7 +303,7 @@ def seed_inspected_rollout(run_id: int, vocab_size: int, seed: int = 0) -> tuple
     step = last.step if last else 1
     begin = datetime.now(timezone.utc) - timedelta(minutes=30)
     rollout = Rollout.objects.create(
-        run=run, task=last.task if last else None, split="train", step=step, trained_step=step,
+        run=run, task=last.task if last else None, split="train", step=step, batch_step=step, trained_step=step,
         group=(last.group + 1) if last else 0, attempt=0, policy_version=step - 1, status="succeeded", reward=1.0,
         reward_detail={"reward": 1.0}, exit_code=0, stdout_tail=text(rng, 2000), call_count=INSPECT_CALLS,
         started_at=begin, finished_at=begin + timedelta(seconds=600))
@@ -368,8 +368,8 @@ def seed_inspector_run(owner, harness, dataset, reward, evaluations: int = 20, t
                     status="succeeded", reward=float(rng.random() < 0.3 + step / 200), exit_code=0, call_count=1,
                     started_at=at(step * 60), finished_at=at(step * 60 + 30))
             for step in range(5, evaluations * 5 + 1, 5) for index, task in enumerate(val)]
-    trained = [Rollout(run=run, task_id=train[group], split="train", step=0, trained_step=1, group=group,
-                       attempt=attempt, policy_version=0, status="succeeded", reward=float(rng.random() < 0.5),
+    trained = [Rollout(run=run, task_id=train[group], split="train", step=0, batch_step=1, trained_step=1,
+                       group=group, attempt=attempt, policy_version=0, status="succeeded", reward=float(rng.random() < 0.5),
                        exit_code=0, call_count=calls, started_at=at(5), finished_at=at(rng.uniform(20, 120)))
                for group in range(groups) for attempt in range(group_size)]
     Rollout.objects.bulk_create(rows + trained, batch_size=1000)

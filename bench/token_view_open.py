@@ -41,7 +41,7 @@ from unittest import mock
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-from bench.dashboard_load import PG, _cleanup, setup_django  # noqa: E402
+from bench.dashboard_load import PG, cleanup, setup_django  # noqa: E402
 from bench.seed_big_run import text  # noqa: E402
 
 SIZES = (1024, 32768)
@@ -88,8 +88,8 @@ def seed_samples(models_dir: Path) -> dict[int, int]:
     assert run.model_info.get("path"), f"the run's model has no path: {run.model_info}"
     begin = datetime.now(timezone.utc) - timedelta(minutes=10)
     rollout = Rollout.objects.create(
-        run=run, split="train", step=1, trained_step=1, group=0, attempt=0, policy_version=0, status="succeeded",
-        reward=1.0, reward_detail={"reward": 1.0}, exit_code=0, call_count=0, started_at=begin,
+        run=run, split="train", step=1, batch_step=1, trained_step=1, group=0, attempt=0, policy_version=0,
+        status="succeeded", reward=1.0, reward_detail={"reward": 1.0}, exit_code=0, call_count=0, started_at=begin,
         finished_at=begin + timedelta(seconds=60))
     tokenizer = AutoTokenizer.from_pretrained(models_dir / "tiny")
     rng = random.Random(0)
@@ -222,7 +222,7 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=20)
-        _cleanup(settings_args, data_dir, db_name)
+        cleanup(settings_args, data_dir, db_name)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ BATCH = 200  # rollouts whose calls and samples are read together (two queries)
 CHUNK = 50  # calls or samples fetched from the database at a time
 WRITE_BYTES = 256 * 1024  # lines are sent in pieces of about this size
 
-ROLLOUT_COLUMNS = ("id", "split", "step", "trained_step", "group", "attempt", "greedy", "policy_version", "status",
-                   "reward", "reward_detail", "failure_kind", "drop_reason", "exit_code", "error", "call_count",
-                   "created_at", "started_at", "finished_at", "task__external_id", "task__data")
+ROLLOUT_COLUMNS = ("id", "split", "step", "batch_step", "trained_step", "group", "attempt", "greedy",
+                   "policy_version", "status", "reward", "reward_detail", "failure_kind", "drop_reason", "exit_code",
+                   "error", "call_count", "created_at", "started_at", "finished_at", "task__external_id", "task__data")
 CALL_COLUMNS = ("seq", "api", "stream", "status_code", "finish_reason", "latency_ms", "policy_version", "drift",
                 "error", "replica", "retried")
 CALL_JSON = ("request", "response", "prompt_ids", "completion_ids", "logprobs", "sampling_overrides")
@@ -94,9 +94,9 @@ def _line(header: str, run: Run, row: dict[str, Any], calls: list[dict], samples
     started, finished = row["started_at"], row["finished_at"]
     task_data = row["task__data"]
     rollout = {
-        **{name: row[name] for name in ("id", "split", "step", "trained_step", "group", "attempt", "greedy",
-                                        "policy_version", "status", "reward", "reward_detail", "failure_kind",
-                                        "drop_reason", "exit_code", "error", "call_count")},
+        **{name: row[name] for name in ("id", "split", "step", "batch_step", "trained_step", "group", "attempt",
+                                        "greedy", "policy_version", "status", "reward", "reward_detail",
+                                        "failure_kind", "drop_reason", "exit_code", "error", "call_count")},
         "timings": {"created_at": _iso(row["created_at"]), "started_at": _iso(started), "finished_at": _iso(finished),
                     "duration_s": (finished - started).total_seconds() if started and finished else None},
         "task_id": row["task__external_id"],

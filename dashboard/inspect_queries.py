@@ -10,9 +10,9 @@ Validation grid (built on selectors.validation_grid, two aggregate queries):
   not missing: `flipped` = solved changed between two consecutive evaluations (either way); `fail_to_pass` /
   `pass_to_fail` = the first and the last evaluation differ that way; `never_solved` = no evaluation solved it.
 
-Step data (step N): the rollouts whose batch was step N's (Rollout.trained_step). Runs recorded before
-trained_step existed fall back to the rollouts launched at policy version N - 1 (Rollout.step), which is the
-step's batch exactly in sync mode. Staleness of a sample = (N - 1) - Sample.policy_version: the trainer's version
+Step data (step N): the rollouts sampled for step N, trained or dropped (Rollout.batch_step). Runs recorded before
+the step of a rollout's batch was stored fall back to the rollouts launched at policy version N - 1 (Rollout.step),
+which is the step's batch exactly in sync mode. Staleness of a sample = (N - 1) - Sample.policy_version: the trainer's version
 before the update minus the newest version that sampled its tokens. Staleness never drops a sample: the scheduler
 forces a group into a batch when it reaches max_staleness.
 """
@@ -87,18 +87,18 @@ def step_list(run: Run) -> list[dict[str, Any]]:
 
 
 def _legacy(run: Run) -> bool:
-    """A run recorded before Rollout.trained_step: no rollout of it has one."""
-    return not Rollout.objects.filter(run=run, trained_step__isnull=False).exists()
+    """A run recorded before Rollout.batch_step (trained_step, as it was then): no rollout of it has one."""
+    return not Rollout.objects.filter(run=run, batch_step__isnull=False).exists()
 
 
 def step_rollouts(run: Run, step: int, legacy: bool | None = None):
-    """The rollouts of step `step`'s batch (see the module doc for runs recorded before trained_step)."""
+    """The rollouts of step `step`'s batch (see the module doc for runs recorded before batch_step)."""
     if legacy is None:
         legacy = _legacy(run)
     rows = Rollout.objects.filter(run=run)
     if legacy:
         return rows.filter(split=Split.TRAIN, step=step - 1)
-    return rows.filter(trained_step=step)
+    return rows.filter(batch_step=step)
 
 
 def step_data(run: Run, step: int) -> dict[str, Any]:

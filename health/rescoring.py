@@ -69,7 +69,7 @@ def rollouts_in_scope(run: Run, scope: str, step: int | None = None):
     if scope == RescoreScope.STEP:
         from django.db.models import Q
 
-        rollouts = rollouts.filter(Q(split="train", trained_step=step) | Q(split="val", step=step))
+        rollouts = rollouts.filter(Q(split="train", batch_step=step) | Q(split="val", step=step))
     elif scope == RescoreScope.FLAGGED:
         rollouts = rollouts.exclude(flags=[])
     return rollouts.order_by("id")

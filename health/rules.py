@@ -38,7 +38,8 @@ DEFAULTS: dict[str, float] = {
 - unparsed_tool_text_share: a step where more than this share of calls that offered tools answered with a tool
   call written as text (and no parsed one), or of rollouts whose harness refused replies as malformed;
 - empty_share: more than this share of the step's rollouts had no call, no sampled token or a fully masked sample;
-- no_signal_share: more than this share of the step's groups had every reward equal (min_rollouts rollouts at least);
+- no_signal_share: more than this share of the groups the step trained on had every reward equal (min_rollouts
+  rollouts at least; the groups dynamic sampling dropped are not counted: they were replaced, not trained);
 - logprob_mismatch_max / _jump / _floor: train/logprob_mismatch_mean above max, or above floor and jump times the
   median of the earlier steps (a weight sync gone wrong);
 - val_drop / reward_rise: over the last two evaluations, eval/pass@1 fell by val_drop while the train reward rose by
@@ -86,10 +87,17 @@ class RolloutFacts:
     truncated: bool = False
     masked_out: bool = False
     flags: list[dict[str, Any]] = field(default_factory=list)
+    drop_reason: str = ""
+    """Why its step gave it no trained sample (Rollout.drop_reason); '' when trained."""
 
     @property
     def counted(self) -> bool:
         return self.failure_kind != "infra"
+
+    @property
+    def dropped_without_signal(self) -> bool:
+        """Its group was dropped by dynamic sampling (trainer.step_metrics.no_signal_reason): sampled, never trained."""
+        return self.drop_reason.startswith("no_signal")
 
     @property
     def empty(self) -> str:
@@ -110,6 +118,8 @@ class StepFacts:
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[int, dict[str, float]] = field(default_factory=dict)
     """Earlier steps -> their metrics (health/* among them)."""
+    extra_groups: int = 0
+    """The groups without signal dynamic sampling may drop a step (TrainerConfig.extra_groups_per_step); 0: off."""
 
 
 @dataclass
@@ -193,16 +203,26 @@ def _groups(facts: StepFacts) -> dict[int, list[RolloutFacts]]:
 
 
 def no_signal(facts: StepFacts, t: dict[str, float], m: dict[str, float]) -> Finding | None:
-    groups = {g: rs for g, rs in _groups(facts).items() if len(rs) >= 2}
+    """Groups the step trained on whose counted rewards are all equal; the advice follows the run's settings."""
+    sampled = _groups(facts)
+    dropped = sum(any(r.dropped_without_signal for r in rs) for rs in sampled.values())
+    groups = {g: rs for g, rs in sampled.items() if len(rs) >= 2 and not any(r.dropped_without_signal for r in rs)}
     if sum(len(rs) for rs in groups.values()) < t["min_rollouts"] or not groups:
         return None
     flat = [rs for rs in groups.values() if max(r.reward for r in rs) == min(r.reward for r in rs)]
     share = len(flat) / len(groups)
     if share <= t["no_signal_share"]:
         return None
-    return Finding("no_signal", f"{share:.0%} of this step's {len(groups)} groups scored every attempt the same: GRPO "
-                   "learns nothing from them. Raise temperature or group_size, or turn on dynamic_sampling.",
-                   {"share": share, "groups": len(groups), "flat_groups": len(flat)},
+    if facts.extra_groups:
+        advice = (f"Dynamic sampling is on (at most {facts.extra_groups} groups dropped a step: "
+                  f"dynamic_sampling_max_extra x tasks_per_step) and dropped {dropped} this step; these came once its "
+                  "budget was spent: raise dynamic_sampling_max_extra, or temperature or group_size.")
+    else:
+        advice = "Raise temperature or group_size, or turn on dynamic_sampling."
+    return Finding("no_signal", f"{share:.0%} of the {len(groups)} groups this step trained on scored every attempt "
+                   f"the same: GRPO learns nothing from them. {advice}",
+                   {"share": share, "groups": len(groups), "flat_groups": len(flat), "dropped_groups": dropped,
+                    "dynamic_sampling": bool(facts.extra_groups)},
                    _examples([rs[0] for rs in flat]))
 
 

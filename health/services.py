@@ -20,6 +20,7 @@ from health.models import RunAlarm
 from runs import events, services
 from runs.models import Metric, ModelCall, Rollout, RolloutStatus, Run, Sample
 from runs.reconnect import db
+from trainer.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +40,16 @@ def _view(row: dict) -> health_calls.CallView:
 
 
 def step_facts(run_id: int, step: int) -> rules.StepFacts:
-    """The records of step `step`'s batch (the train rollouts it trained or dropped) as the rules read them: four
-    queries a STEP_BATCH rollouts (rollouts, calls, samples) and one for the metrics, never one per rollout."""
-    rows = list(Rollout.objects.filter(run_id=run_id, trained_step=step, split="train", status__in=FINISHED)
+    """The records of step `step`'s batch (the train rollouts sampled for it, trained or dropped) as the rules read
+    them: four queries a STEP_BATCH rollouts (rollouts, calls, samples) and one for the metrics, never one per
+    rollout."""
+    rows = list(Rollout.objects.filter(run_id=run_id, batch_step=step, split="train", status__in=FINISHED)
                 .order_by("group", "attempt", "id")
-                .values("id", "group", "reward", "failure_kind", "call_count", "flags", "error",
+                .values("id", "group", "reward", "failure_kind", "call_count", "flags", "error", "drop_reason",
                         "outcome__commands", "outcome__format_errors", "outcome__timed_out"))
     facts = {row["id"]: rules.RolloutFacts(
         id=row["id"], group=row["group"], reward=row["reward"], failure_kind=row["failure_kind"],
-        calls=row["call_count"], flags=list(row["flags"] or []),
+        calls=row["call_count"], flags=list(row["flags"] or []), drop_reason=row["drop_reason"],
         format_errors=_count(row["outcome__format_errors"]),
         truncated=row["outcome__timed_out"] is True or "timed out" in (row["error"] or "")) for row in rows}
     for batch in services.batches(list(facts), services.STEP_BATCH):
@@ -109,7 +111,9 @@ async def in_run(check, run_id: int, step: int) -> None:
 def check_step(run_id: int, step: int) -> list[RunAlarm]:
     """Record step `step`'s health/* metrics and raise its alarms; returns the alarms raised now."""
     facts = step_facts(run_id, step)
-    findings, metrics = rules.evaluate(facts, _thresholds(run_id))
+    config = _config(run_id)
+    facts.extra_groups = TrainerConfig.from_dict(config).extra_groups_per_step
+    findings, metrics = rules.evaluate(facts, rules.thresholds(config.get("health")))
     if facts.rollouts:
         stored = set(Metric.objects.filter(run_id=run_id, step=step, name__in=list(metrics))
                      .values_list("name", flat=True))
@@ -127,8 +131,12 @@ def check_evaluation(run_id: int, step: int) -> list[RunAlarm]:
     return raise_alarms(run_id, step, [found] if found else [])
 
 
+def _config(run_id: int) -> dict:
+    return Run.objects.values_list("config", flat=True).get(pk=run_id) or {}
+
+
 def _thresholds(run_id: int) -> dict[str, float]:
-    return rules.thresholds((Run.objects.values_list("config", flat=True).get(pk=run_id) or {}).get("health"))
+    return rules.thresholds(_config(run_id).get("health"))
 
 
 def raise_alarms(run_id: int, step: int, findings: list[rules.Finding]) -> list[RunAlarm]:

@@ -153,12 +153,15 @@ class Rollout(models.Model):
                   "reward script (left out of the loss and the baseline)")
     secret_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the rollout's API key")
     call_count = models.PositiveIntegerField(default=0)
+    batch_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The training step it was sampled for: the step whose batch trained it or "
+                                         "dropped it (drop_reason); null before its step, and for evaluations")
     trained_step = models.PositiveIntegerField(
-        null=True, blank=True, help_text="The training step whose batch held this rollout (trained or dropped)")
+        null=True, blank=True, help_text="The training step that trained on it; null when its step dropped it")
     drop_reason = models.CharField(
         max_length=500, blank=True,
-        help_text="Why the rollout gave that step no trained sample ('infra_failure: ...', 'no_sampled_tokens'); "
-                  "'' when trained or not yet in a step")
+        help_text="Why the rollout gave its step no trained sample ('infra_failure: ...', 'no_sampled_tokens', "
+                  "'no_signal: ...' for a group dynamic sampling dropped); '' when trained or not yet in a step")
     outcome = models.JSONField(
         default=dict, blank=True, db_default={},
         help_text="What the harness wrote to its output file, as the reward script got it (health.rescoring scores "
@@ -174,7 +177,7 @@ class Rollout(models.Model):
         ordering = ["run", "step", "group", "attempt", "id"]
         indexes = [
             models.Index(fields=["run", "step"], name="rollout_run_step"),
-            models.Index(fields=["run", "trained_step", "group", "attempt"], name="rollout_run_trained_step"),
+            models.Index(fields=["run", "batch_step", "group", "attempt"], name="rollout_run_batch_step"),
             models.Index(fields=["run", "split", "status"], name="rollout_run_split_status"),
             # The run page's rollouts table (dashboard.rollout_queries.SORTS) reads a page straight from these in every
             # order but ascending duration: newest/oldest, reward, -reward, calls/-calls (one index both ways:
@@ -198,6 +201,15 @@ class Rollout(models.Model):
     def is_finished(self) -> bool:
         return self.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
                                RolloutStatus.LOST)
+
+    @property
+    def fate(self) -> str:
+        """What its training step did with it, in words: 'sampled for step 3: trained', '...: dropped (why)';
+        '' before its step, and for evaluations."""
+        if self.batch_step is None:
+            return ""
+        what = "trained" if self.trained_step is not None else f"dropped ({self.drop_reason or 'not trained'})"
+        return f"sampled for step {self.batch_step}: {what}"
 
 
 class ModelCall(models.Model):

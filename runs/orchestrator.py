@@ -1,7 +1,8 @@
 """Drives one run end to end: setup, engine and proxy, the steps' phases (RunContext, RunPhases), cancel at any moment.
 
 The parts live beside it: harness rollouts and scoring (runs.harness_source), evaluation (runs.evaluation), the
-gated engine (runs.gated_engine), heartbeat and resume from a checkpoint (runs.durability).
+gated engine (runs.gated_engine), heartbeat and resume from a checkpoint (runs.durability), the watch on the run's
+row for a cancel, a finish now or the run taken from this worker (runs.watch).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from health import services as health_services
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from proxy.types import UpstreamConfig
-from runs import durability, rollout_services, services
+from runs import durability, rollout_services, services, watch
 from runs.evaluation import Evaluator
 from runs.gated_engine import GatedEngine
 from runs.harness_source import HarnessSource, reward_script_bug, reward_script_counts
@@ -29,7 +30,7 @@ from runs.reconnect import db  # the run's ORM calls outlive a PostgreSQL restar
 from runs.recorder import DjangoRecorder, cached_directory
 from sandbox import executors, isolation
 from sandbox.executors import base as sandbox_base
-from trainer import scheduler
+from trainer import model_files, scheduler
 from trainer.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ def model_folder(run: Run) -> Path:
         raise RunSetupError(f"model folder {folder} is gone; import the model again (`./lw manage models ...`)")
     if not any(folder.glob("*.safetensors")):
         raise RunSetupError(f"model folder {folder} holds no *.safetensors weights")
+    if not model_files.has_tokenizer(folder):  # a checkpoint written before checkpoints carried the tokenizer
+        raise RunSetupError(f"model folder {folder} holds no tokenizer: copy its base model's tokenizer files in")
     return folder
 
 
@@ -81,25 +84,31 @@ def execute(run_id: int, generation: int) -> str:
 
 async def _execute(run_id: int, generation: int) -> str:
     """The run as one task that a cancel stops at any moment: engine start, evaluation, rollouts or training."""
-    finish = Finish()
+    finish = watch.Finish()
     main = asyncio.create_task(_serve_and_train(run_id, generation, finish))
-    watcher = asyncio.create_task(_watch(run_id, generation, main, finish))
+    watcher = asyncio.create_task(watch.watch(run_id, generation, main, finish))
     try:
         status = await main  # the run's processes are all stopped once it returns
         return await _end(run_id, generation, status, None)
+    except services.NotHeld:  # a write of the run found it taken over before the watcher did
+        return await _lost(run_id, generation)
     except asyncio.CancelledError:
         if not watcher.done():
             raise
         # Every process is gone by now: the engine's and the harnesses' context managers ran on the way out.
-        if watcher.result() == LOST:
-            status = await db(lambda: Run.objects.values_list("status", flat=True).get(pk=run_id))()
-            logger.warning("run %s: this worker (generation %s) no longer holds the run (now %s); it stopped "
-                           "without touching it", run_id, generation, status)
-            return status
+        if watcher.result() == watch.LOST:
+            return await _lost(run_id, generation)
         await db(rollout_services.cancel_unfinished_rollouts)(run_id, "cancelled with its run")
         return await _end(run_id, generation, RunStatus.CANCELLED, "cancelled by its owner")
     finally:
         watcher.cancel()
+
+
+async def _lost(run_id: int, generation: int) -> str:
+    status = await db(lambda: Run.objects.values_list("status", flat=True).get(pk=run_id))()
+    logger.warning("run %s: this worker (generation %s) no longer holds the run (now %s); it stopped without "
+                   "touching it", run_id, generation, status)
+    return status
 
 
 def record_isolation(run_id: int) -> str:
@@ -141,7 +150,7 @@ class RunContext:
     """The run's folder on this worker: engine logs, harness work folders, checkpoints."""
     resume: durability.ResumePoint | None
     """The checkpoint a re-queued run resumes from; None for a fresh run."""
-    finish: Finish
+    finish: watch.Finish
     """The step the run ends at, lowered while it trains when its owner asks it to finish now."""
     engine: GatedEngine
     """The vLLM engine, gated by the proxy for weight swaps."""
@@ -161,7 +170,7 @@ class RunContext:
         return self.finish.last_step(self.config.steps)
 
 
-async def _serve_and_train(run_id: int, generation: int, finish: Finish) -> str:
+async def _serve_and_train(run_id: int, generation: int, finish: watch.Finish) -> str:
     """Check the run can start, start its engine and proxy, and train it through one RunContext."""
     run = await db(Run.objects.get)(pk=run_id)
     config = TrainerConfig.from_dict(run.config)
@@ -267,7 +276,7 @@ async def _steps(ctx: RunContext, tokenizer, policy) -> str:
         await durability.restore(policy, ctx.engine, ctx.resume)
         await _log(ctx.run_id, f"the engine serves the weights of step {policy.step}")
     await scheduler.run(policy, ctx.engine, ctx.source, phases=RunPhases(ctx), decode=tokenizer.decode,
-                        checkpoint_dir=ctx.workdir / "checkpoints",
+                        checkpoint_dir=ctx.workdir / "checkpoints", model_dir=ctx.folder,
                         first_group_id=ctx.resume.next_group_id if ctx.resume else 0)
     if not await db(_evaluated)(ctx.run_id, policy.step):  # asked to finish after its last step's evaluation phase
         await ctx.evaluator.maybe(policy.step, force=True)
@@ -281,6 +290,8 @@ class RunPhases(scheduler.StepPhases):
         self.ctx = ctx
         # Calls whose harness asked for other sampling parameters than the run's (the proxy used the run's).
         self.overridden = _Counter(lambda: ctx.server.app.sampling_override_calls)
+        # Train calls the proxy refused (429) while a weight update held them past its bound.
+        self.refused = _Counter(lambda: ctx.server.app.gate.refusals)
 
     def last_step(self, configured: int) -> int:
         return self.ctx.finish.last_step(configured)
@@ -294,10 +305,11 @@ class RunPhases(scheduler.StepPhases):
     async def record(self, report: scheduler.StepReport) -> None:
         run_id = self.ctx.run_id
         report.metrics["proxy/sampling_overridden_calls"] = float(self.overridden.delta())
+        report.metrics["rollout/gate_refusals"] = float(self.refused.delta())
         report.metrics.update(reward_script_counts(report.rollouts))
         await db(rollout_services.record_step)(run_id, report.policy_version, report.policy_version,
                                                _sample_rows(report), _drift_rows(report), report.metrics,
-                                               _batch_rows(report))
+                                               _batch_rows(report), generation=self.ctx.generation)
         await _log(run_id, f"step {report.policy_version}/{self.ctx.last_step()}: reward "
                            f"{report.metrics.get('reward/mean', float('nan')):.3f}")
         bug = reward_script_bug(report.rollouts, report.policy_version)
@@ -311,7 +323,7 @@ class RunPhases(scheduler.StepPhases):
 
     async def checkpoint(self, path: Path, step: int) -> None:
         await db(services.record_checkpoint)(self.ctx.run_id, self.ctx.generation, str(path), step)
-        await asyncio.to_thread(durability.prune_checkpoints, path.parent)
+        await db(durability.prune_checkpoints)(path.parent)  # asks which checkpoints other runs start from
 
 
 def _evaluated(run_id: int, step: int) -> bool:
@@ -403,38 +415,6 @@ def _batch_rows(report: scheduler.StepReport) -> dict[int, str]:
 
 def _drift_rows(report: scheduler.StepReport) -> dict[int, dict[int, str]]:
     return {int(rollout_id): by_seq for rollout_id, by_seq in report.drift.items() if rollout_id}
-
-
-CANCEL, LOST = "cancel", "lost"
-
-
-class Finish:
-    """The step a run ends at, lowered while it trains when its owner asks it to finish now (services.finish_run
-    writes a smaller `steps` in its config; `_watch` reads it): the scheduler stops after that step, and the run
-    evaluates and succeeds as if that had been its step count."""
-
-    def __init__(self) -> None:
-        self.steps: int | None = None
-
-    def last_step(self, configured: int) -> int:
-        return configured if self.steps is None else min(configured, self.steps)
-
-
-async def _watch(run_id: int, generation: int, training: asyncio.Task, finish: Finish | None = None) -> str | None:
-    """Stop the run's work when its owner cancels it (CANCEL) or this worker no longer holds it (LOST: the sweep
-    took it for lost, another worker resumed it); hand a smaller step count (finish now) to `finish`."""
-    while not training.done():
-        status, starts, steps = await db(lambda: Run.objects.values_list(
-            "status", "worker_starts", "config__steps").get(pk=run_id))()
-        if finish is not None and isinstance(steps, int):
-            finish.steps = steps
-        reason = LOST if starts != generation or status not in services.HELD else (
-            CANCEL if status == RunStatus.CANCELLING else None)
-        if reason is not None:
-            training.cancel()
-            return reason
-        await asyncio.sleep(0.5)
-    return None
 
 
 async def _end(run_id: int, generation: int, status: str, message: str | None) -> str:

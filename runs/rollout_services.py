@@ -10,7 +10,7 @@ import logging
 import secrets
 
 from django.db import DataError, transaction
-from django.db.models import Case, F, Max, PositiveIntegerField, Value, When
+from django.db.models import Case, F, PositiveIntegerField, Q, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -184,53 +184,76 @@ def fail_unfinished_rollouts(run_id: int, error: str) -> int:
 
 
 def record_step(run_id: int, step: int, policy_version: int, samples: list[dict], drift: dict[int, dict[int, str]],
-                metrics: dict[str, float], batch: dict[int, str] | None = None) -> None:
+                metrics: dict[str, float], batch: dict[int, str] | None = None, *,
+                generation: int | None = None) -> None:
     """Store one training step: its samples, the drift class of every call it read, metrics, step and version.
 
     `batch` maps every rollout of the step's batch to why it gave no trained sample ('' when it gave one): they
-    get `trained_step` and `drop_reason` (the step page lists the groups and what was dropped).
+    get `batch_step`, `trained_step` where trained, and `drop_reason` (the step page lists the groups and what was
+    dropped).
 
     A few queries per STEP_BATCH rows (runs.services; never one per rollout or call), each write batch its own
     short transaction, so the proxy's recorder, writing ModelCall rows meanwhile, never waits long. The run's
     step, version and metrics come last in one transaction: a crash part way keeps the batches written but not
-    the run's step.
+    the run's step. Called again (runs.reconnect retries it after a dropped connection) it writes nothing twice:
+    a sample's index is its place among its rollout's samples, the drift and batch updates set the same values,
+    and the last transaction is skipped once the run's step has reached `step`.
+
+    With `generation`, the worker start recording the step: each transaction checks that it still holds the run
+    before it commits (NotHeld otherwise, and that write is rolled back), holding the run's row until then so that
+    a claim by another worker waits for it rather than slipping in between.
     """
-    next_index = _next_sample_indexes({sample["rollout_id"] for sample in samples})
+    counts: dict[int, int] = {}
     rows = []
     for sample in samples:
-        rows.append(Sample(index=next_index[sample["rollout_id"]], **sample))
-        next_index[sample["rollout_id"]] += 1
+        index = counts.get(sample["rollout_id"], 0)
+        counts[sample["rollout_id"]] = index + 1
+        rows.append(Sample(index=index, **sample))
     for chunk in services.batches(rows, services.STEP_BATCH):
         with transaction.atomic():
-            Sample.objects.bulk_create(chunk)
-    _store_drift(drift)
-    _store_batch(run_id, step, batch or {})
+            Sample.objects.bulk_create(chunk, ignore_conflicts=True)  # a retry finds its rows there: kept as they are
+            _check_held(run_id, generation)
+    _store_drift(drift, run_id, generation)
+    _store_batch(run_id, step, batch or {}, generation)
     with transaction.atomic():
-        Run.objects.filter(pk=run_id).update(step=step, policy_version=policy_version, updated_at=timezone.now())
+        done = Run.objects.filter(_holding(generation), pk=run_id, step__lt=step).update(
+            step=step, policy_version=policy_version, updated_at=timezone.now())
+        if not done:
+            _check_held(run_id, generation)
+            return  # recorded by the call this one retries
         services.record_metrics(run_id, step, metrics)
 
 
-def _store_batch(run_id: int, step: int, batch: dict[int, str]) -> None:
-    """trained_step (and drop_reason) of the step's rollouts: one update per distinct reason and STEP_BATCH rows."""
+def _holding(generation: int | None) -> Q:
+    return Q() if generation is None else services.held_by(generation)
+
+
+def _check_held(run_id: int, generation: int | None) -> None:
+    """NotHeld unless worker start `generation` (None: any caller) still holds the run. Called last in a write's
+    transaction: the run's row stays locked until the commit, taken after the rows written, in the order the
+    proxy's recorder locks them (rollouts, then the run for its events)."""
+    if generation is None:
+        return
+    if not Run.objects.select_for_update(no_key=True).filter(_holding(generation), pk=run_id).order_by() \
+            .values_list("pk"):
+        raise services.NotHeld(f"run {run_id} is no longer held by worker start {generation}: not recorded")
+
+
+def _store_batch(run_id: int, step: int, batch: dict[int, str], generation: int | None = None) -> None:
+    """batch_step, trained_step and drop_reason of the step's rollouts: one update per distinct reason and
+    STEP_BATCH rows."""
     by_reason: dict[str, list[int]] = {}
     for rollout_id, reason in batch.items():
         by_reason.setdefault(reason[:500], []).append(int(rollout_id))
     for reason, ids in by_reason.items():
         for chunk in services.batches(sorted(ids), services.STEP_BATCH):
             with transaction.atomic():
-                Rollout.objects.filter(run_id=run_id, pk__in=chunk).update(trained_step=step, drop_reason=reason)
+                Rollout.objects.filter(run_id=run_id, pk__in=chunk).update(
+                    batch_step=step, trained_step=None if reason else step, drop_reason=reason)
+                _check_held(run_id, generation)
 
 
-def _next_sample_indexes(rollout_ids: set[int]) -> dict[int, int]:
-    """The next free Sample.index of each rollout, from one aggregate query per STEP_BATCH rollouts."""
-    found: dict[int, int] = {}
-    for ids in services.batches(sorted(rollout_ids), services.STEP_BATCH):
-        found.update(Sample.objects.filter(rollout_id__in=ids).order_by().values("rollout_id")
-                     .annotate(last=Max("index")).values_list("rollout_id", "last"))
-    return {rollout_id: found[rollout_id] + 1 if rollout_id in found else 0 for rollout_id in rollout_ids}
-
-
-def _store_drift(drift: dict[int, dict[int, str]]) -> None:
+def _store_drift(drift: dict[int, dict[int, str]], run_id: int, generation: int | None = None) -> None:
     """Set ModelCall.drift: one read per STEP_BATCH rollouts, one bulk update per STEP_BATCH changed calls."""
     wanted = {int(rollout_id): {int(seq): kind for seq, kind in by_seq.items()}
               for rollout_id, by_seq in drift.items() if by_seq}
@@ -244,3 +267,4 @@ def _store_drift(drift: dict[int, dict[int, str]]) -> None:
     for batch in services.batches(changed, services.STEP_BATCH):
         with transaction.atomic():
             ModelCall.objects.bulk_update(batch, ["drift"])
+            _check_held(run_id, generation)

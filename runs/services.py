@@ -1,10 +1,13 @@
-"""Every write of the domain: harnesses, datasets, reward scripts, runs and their state machine, events.
+"""Every write of a run: its creation and clones, the state machine every status change goes through (claims, cancel,
+finish, resume, continue, the sweep's reclaim), its events, metrics and checkpoints, and the rewind to a checkpoint.
 
-Rollouts, their recorded calls and training samples are written by runs.rollout_services."""
+Harnesses, datasets and reward scripts are written by catalog.services; rollouts, their recorded calls and training
+samples by runs.rollout_services."""
 from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 from django.db import transaction
@@ -15,11 +18,11 @@ from django.utils import timezone
 from catalog.models import Dataset, Harness, RewardScript
 from catalog.registry import UnknownModel, resolve_model
 from catalog.services import HARNESS_FIELDS, check_owner
-from common.errors import InvalidModel, InvalidTransition, ServiceError
+from common.errors import InUse, InvalidModel, InvalidTransition, ServiceError
 from common.tasks import send_task
 from health import rules as health_rules
 from health.models import RunAlarm
-from runs import events, pools
+from runs import events, pools, selectors
 from runs.models import Metric, Rollout, RolloutStatus, Run, RunEvent, RunStatus, Sample
 from trainer.config import ConfigError, TrainerConfig
 
@@ -47,9 +50,17 @@ FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED
 
 
 HELD = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING})
-
-
 """A worker holds the run and beats for it (Run.heartbeat_at)."""
+
+
+class NotHeld(InvalidTransition):
+    """A worker start wrote for a run it no longer holds (the sweep took it for lost, another worker claimed it):
+    the write was refused; the worker stops without touching the run."""
+
+
+def held_by(generation: int) -> Q:
+    """The runs worker start `generation` holds: its writes expect it, as its heartbeat does."""
+    return Q(worker_starts=generation, status__in=HELD)
 
 
 ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
@@ -216,7 +227,8 @@ def cancel_run(run: Run, user) -> Run:
 
 def delete_run(run: Run, user) -> None:
     """Delete a finished run: its rows, then (once that commits) its folder, checkpoints and the served model
-    folders staged from them (runs.disk.delete_run_files)."""
+    folders staged from them (runs.disk.delete_run_files). Refused (InUse) while another run's model is one of its
+    checkpoints."""
     from runs import disk
 
     check_owner(user, run)
@@ -225,15 +237,31 @@ def delete_run(run: Run, user) -> None:
         raise InvalidTransition(f"run {run.pk} is {run.status}; cancel it before deleting")
     run_id = run.pk
     with transaction.atomic():
+        _check_checkpoints_unused(run_id, disk.run_folder(run_id))
         run.delete()
         transaction.on_commit(lambda: disk.delete_run_files(run_id))
+
+
+def _check_checkpoints_unused(run_id: int, folder: os.PathLike) -> None:
+    """InUse naming the runs whose model is one of run `run_id`'s checkpoints: they load it at every start, resume
+    and continue, so it stays while they do."""
+    users = list(selectors.runs_with_models_in(folder).exclude(pk=run_id).order_by("pk")
+                 .values_list("pk", "name", "model_info__path")[:6])
+    if not users:
+        return
+    names = sorted({os.path.basename(path) for _, _, path in users})
+    shown = ", ".join(f"#{pk} {name!r}" for pk, name, _ in users[:5]) + (" and more" if len(users) > 5 else "")
+    checkpoints = (f"its checkpoint {names[0]} is the model of" if len(names) == 1
+                   else f"its checkpoints {', '.join(names)} are the models of")
+    runs = f"run {shown}; delete that run first" if len(users) == 1 else f"runs {shown}; delete those runs first"
+    raise InUse(f"run {run_id} cannot be deleted: {checkpoints} {runs}")
 
 
 def finish_run(run: Run, user) -> Run:
     """Finish a starting or running run early: the step it trains now (or its next, while it starts) becomes its
     last; it then evaluates, checkpoints and succeeds as if that had been its step count (its config's `steps`
     says so, and `continue` can add more later). Its worker reads the new count within a second
-    (runs.orchestrator.Finish)."""
+    (runs.watch.Finish)."""
     check_owner(user, run)
     with transaction.atomic():
         current = Run.objects.select_for_update().get(pk=run.pk)
@@ -273,8 +301,7 @@ def _held_by(generation: int | None) -> Q | None:
 
 def beat_run(run_id: int, generation: int) -> bool:
     """The heartbeat of the worker holding the run; False once that worker no longer holds it."""
-    return Run.objects.filter(pk=run_id, worker_starts=generation, status__in=HELD).update(
-        heartbeat_at=timezone.now()) == 1
+    return Run.objects.filter(held_by(generation), pk=run_id).update(heartbeat_at=timezone.now()) == 1
 
 
 def record_checkpoint(run_id: int, generation: int, path: str, step: int) -> bool:
@@ -350,8 +377,9 @@ def _checkpoint_name(run: Run) -> str:
 def lose_rollouts(run_id: int, which: Q, error: str) -> int:
     """Mark the run's rollouts matching `which` lost (cancelled and lost ones stay as they are).
 
-    Their recorded calls stay for the inspector; their samples are deleted: a lost rollout is not part of the
-    policy the run goes on with, and a Sample row says it was trained on.
+    Their recorded calls stay for the inspector; their samples and training step are deleted: a lost rollout is not
+    part of the policy the run goes on with, and a Sample row (or a batch_step, a trained_step) says it was trained
+    on, or that its step's page lists it.
     """
     rollouts = Rollout.objects.filter(which, run_id=run_id).exclude(
         status__in=(RolloutStatus.CANCELLED, RolloutStatus.LOST))
@@ -360,7 +388,8 @@ def lose_rollouts(run_id: int, which: Q, error: str) -> int:
         for batch in batches(ids, STEP_BATCH):
             Sample.objects.filter(rollout_id__in=batch).delete()
             Rollout.objects.filter(pk__in=batch).update(
-                status=RolloutStatus.LOST, finished_at=Coalesce(F("finished_at"), timezone.now()))
+                status=RolloutStatus.LOST, finished_at=Coalesce(F("finished_at"), timezone.now()), batch_step=None,
+                trained_step=None, drop_reason="")
             Rollout.objects.filter(pk__in=batch, error="").update(error=error[:10000])
     return len(ids)
 

@@ -15,11 +15,13 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import nn
 
+from common.procs import name_os_thread
 from trainer.algorithms import broadcast_to_samples, compute_advantages
 from trainer.config import TrainerConfig
+from trainer.model_files import copy_tokenizer
 from trainer.policy import Policy
 from trainer.samples import INFRA_FAILURE, POLICY_FAILURE, CallRecord, Decode, Sample, build_samples
-from trainer.step_metrics import StepClock, dropped_rollouts, no_signal_reason, rollout_metrics
+from trainer.step_metrics import StepClock, dropped_rollouts, group_metrics, no_signal_reason, rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -163,11 +165,12 @@ class Scheduler:
     """One loop for both modes: sync is async with staleness 0 and exactly one step of groups in flight."""
 
     def __init__(self, policy: Policy, engine: Engine, source: RolloutSource, *, phases: StepPhases | None = None,
-                 decode: Decode | None = None, checkpoint_dir: str | Path | None = None, first_group_id: int = 0):
+                 decode: Decode | None = None, checkpoint_dir: str | Path | None = None, first_group_id: int = 0,
+                 model_dir: str | Path | None = None):
         """`phases` hears each step's named phases (StepPhases: a bare one only trains); `decode` proves realigns
-        (see trainer.samples); checkpoints go to `checkpoint_dir`/step-NNNNNN; a resumed run passes a
-        `first_group_id` past the ids it already used."""
-        self.policy, self.engine, self.source = policy, engine, source
+        (see trainer.samples); checkpoints go to `checkpoint_dir`/step-NNNNNN with the tokenizer of `model_dir` (a
+        model a run can start from); a resumed run passes a `first_group_id` past the ids it already used."""
+        self.policy, self.engine, self.source, self.model_dir = policy, engine, source, model_dir
         self.phases = phases if phases is not None else StepPhases()
         self.config: TrainerConfig = policy.config
         self.decode, self.checkpoint_dir, self._last_phase = decode, checkpoint_dir, ""
@@ -175,8 +178,10 @@ class Scheduler:
         self.no_signal: list[_Group] = []  # dropped by dynamic sampling since the last step (reported with the next)
         self.next_group_id = first_group_id
         self.reports: list[StepReport] = []
-        # Every step trains on this one thread: a new thread per step made glibc grow a new arena each time.
-        self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainer")
+        self._evaluated: int | None = None  # the last version evaluated, and the last step checkpointed
+        self._checkpointed: int | None = None
+        # One thread for every step (a new one per step grew a glibc arena each time), named for the kernel too.
+        self._trainer_thread = concurrent.futures.ThreadPoolExecutor(1, "trainer", initializer=name_os_thread)
 
     @property
     def version(self) -> int:
@@ -200,11 +205,13 @@ class Scheduler:
         try:
             while (batch := await self._generate()) is not None:
                 report = await self._train(batch, clock)
-                saved = await self._save_checkpoint(clock)
                 await self._record(report, clock)
                 await self._evaluate(report.policy_version, clock)
-                if saved is not None:  # after its step's record and evaluation
-                    await self.phases.checkpoint(saved, report.step)
+                await self._checkpoint(clock)  # decided now: a finish asked while the step recorded makes it the last
+            if self.reports and self.checkpoint_dir is not None and self._checkpointed != self.policy.step:
+                if self._evaluated != self.version:  # the finish was heard later (the web app polls for it)
+                    await self._evaluate(self.version, clock)
+                await self._checkpoint(clock, force=True)
         finally:
             for group_id in list(self.groups):
                 await self.source.cancel(group_id)
@@ -321,7 +328,8 @@ class Scheduler:
             await self.engine.resume()
         sync_seconds = time.perf_counter() - admitted
         metrics.update(rollout_metrics(rollouts, trained, drift, self.config.pass_threshold, self.reward_of))
-        metrics.update(self._group_metrics(batch, dropped_groups))
+        metrics.update(group_metrics([not self.signal_reason(g) for g in batch],
+                                     [len(g.results) for g in dropped_groups]))
         metrics.update(advantage_metrics)
         metrics.update(clock.split(train_end - train_start, sync_seconds))
         metrics["time/drain"] = drained - train_end
@@ -336,14 +344,16 @@ class Scheduler:
         self.reports.append(report)
         return report
 
-    # ---- after the step's split: checkpoint, record, evaluate (their time lands in the next step's) --------
+    # ---- after the step's split: record, evaluate, checkpoint (their time lands in the next step's) --------
 
-    async def _save_checkpoint(self, clock: StepClock) -> Path | None:
-        """The step's checkpoint where due (time/checkpoint); announced once its step is recorded and evaluated."""
-        if not self._checkpoint_due():
-            return None
-        await self._phase(f"step {self.policy.step}: saving a checkpoint")
-        return await self._on_trainer_thread(clock, "checkpoint", self._write_checkpoint)
+    async def _checkpoint(self, clock: StepClock, force: bool = False) -> None:
+        """The step's checkpoint where due or forced (time/checkpoint), written once the step is recorded and
+        evaluated, then announced: whoever resumes from it finds its step stored. A run's final step always has one
+        (`continue` resumes from it), also when its owner asked it to finish after that step's own turn."""
+        if force or self._checkpoint_due():
+            await self._phase(f"step {self.policy.step}: saving a checkpoint")
+            path = await self._on_trainer_thread(clock, "checkpoint", self._write_checkpoint)
+            await self.phases.checkpoint(path, self.policy.step)
 
     async def _record(self, report: StepReport, clock: StepClock) -> None:
         await self._phase(f"step {report.step}: recording")
@@ -359,6 +369,7 @@ class Scheduler:
             return
         start, counters = time.perf_counter(), clock.counters()
         await self.phases.evaluate(version)
+        self._evaluated = version
         if self.config.effective_max_staleness == 0:
             clock.exclude(time.perf_counter() - start, counters)
         else:
@@ -391,23 +402,6 @@ class Scheduler:
         out = [TrainedSample(rid, s, a, self.version - s.min_version) for (rid, s), a in zip(trained, sample_adv)]
         return out, drift, owners, metrics
 
-    def _group_metrics(self, batch: list[_Group], dropped_groups: Sequence[_Group]) -> dict[str, float]:
-        """What dynamic sampling did this step: groups sampled (trained + dropped), with signal, trained, dropped
-        without signal, and the rollouts it spent beyond the batch's. `groups/signal_share` is the share of the
-        trained groups with signal (what the update learns from); `groups/sampled_signal_share` the share of all
-        sampled groups (how deterministic the policy has become, whatever dynamic sampling hides)."""
-        sampled = list(batch) + list(dropped_groups)
-        with_signal = sum(not self.signal_reason(g) for g in sampled)
-        trained_with_signal = sum(not self.signal_reason(g) for g in batch)
-        return {
-            "groups/sampled": float(len(sampled)), "groups/trained": float(len(batch)),
-            "groups/trained_with_signal": float(trained_with_signal),
-            "groups/dropped_no_signal": float(len(dropped_groups)),
-            "groups/signal_share": trained_with_signal / len(batch) if batch else 0.0,
-            "groups/sampled_signal_share": with_signal / len(sampled) if sampled else 0.0,
-            "rollout/extra": float(sum(len(g.results) for g in dropped_groups)),
-        }
-
     def reward_of(self, rollout: RolloutResult) -> float:
         """The reward a rollout is trained with: failure_reward for a policy failure."""
         return self.config.failure_reward if rollout.failure_kind == POLICY_FAILURE else rollout.reward
@@ -417,16 +411,19 @@ class Scheduler:
         return self.checkpoint_dir is not None and (step == self.last_step or bool(every and step % every == 0))
 
     def _write_checkpoint(self) -> Path:
-        """The policy's checkpoint plus the scheduler's counters, written under a temporary name and renamed:
-        a folder named step-NNNNNN is always complete."""
+        """The policy's checkpoint plus the scheduler's counters and the model's tokenizer, written under a
+        temporary name and renamed: a folder named step-NNNNNN is always complete."""
         step = self.policy.step
         path = Path(self.checkpoint_dir) / f"step-{step:06d}"
         partial = path.with_name(path.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         self.policy.save_checkpoint(partial)
+        if self.model_dir is not None:
+            copy_tokenizer(self.model_dir, partial)
         (partial / SCHEDULER_STATE_FILE).write_text(json.dumps(self.counters()))
         shutil.rmtree(path, ignore_errors=True)  # left by a trajectory a resume went back on
         partial.rename(path)
+        self._checkpointed = step
         return path
 
     def counters(self) -> dict[str, int | list[int]]:

@@ -54,6 +54,22 @@ def rollout_metrics(rollouts: Sequence[RolloutResult], trained: Sequence[Trained
     return metrics
 
 
+def group_metrics(trained_signal: Sequence[bool], dropped_sizes: Sequence[int]) -> dict[str, float]:
+    """What dynamic sampling did this step, from whether each trained group had signal and the sizes of the groups
+    it dropped without signal: groups sampled (trained + dropped), with signal, trained, dropped without signal,
+    and the rollouts it spent beyond the batch's. `groups/signal_share` is the share of the trained groups with
+    signal (what the update learns from); `groups/sampled_signal_share` the share of all sampled groups (how
+    deterministic the policy has become, whatever dynamic sampling hides; a dropped group has none)."""
+    with_signal, sampled = sum(trained_signal), len(trained_signal) + len(dropped_sizes)
+    return {
+        "groups/sampled": float(sampled), "groups/trained": float(len(trained_signal)),
+        "groups/trained_with_signal": float(with_signal), "groups/dropped_no_signal": float(len(dropped_sizes)),
+        "groups/signal_share": with_signal / len(trained_signal) if trained_signal else 0.0,
+        "groups/sampled_signal_share": with_signal / sampled if sampled else 0.0,
+        "rollout/extra": float(sum(dropped_sizes)),
+    }
+
+
 def dropped_rollouts(rollouts: Sequence[RolloutResult], trained: Sequence[TrainedSample]) -> dict[str, str]:
     """Why each rollout of a batch without a trained sample gave none.
 

@@ -222,7 +222,7 @@ def check_side_by_side(page, run: Run, before: Rollout, after: Rollout) -> None:
 
 def check_step_page(page, live_url, run: Run, step_href: str) -> None:  # noqa: F811
     """Step 1 trained the 2 groups launched first: their 4 attempts, rewards and advantages, and a timeline bar each."""
-    batch = Rollout.objects.filter(run=run, split="train", trained_step=1)
+    batch = Rollout.objects.filter(run=run, split="train", batch_step=1)
     assert batch.count() == 4 and set(batch.values_list("group", flat=True)) == {0, 1}
     page.goto(live_url + step_href)
     page.wait_for_selector("#groups")

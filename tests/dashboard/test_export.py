@@ -44,9 +44,10 @@ def test_it_streams_one_line_per_rollout_with_its_calls_and_samples(client, alic
 
     trained = next(r for r in records if r["rollout"]["id"] == rows["trained"].pk)
     rollout = trained["rollout"]
-    assert {k: rollout[k] for k in ("split", "step", "trained_step", "group", "attempt", "status", "reward",
-                                    "reward_detail", "failure_kind", "drop_reason", "exit_code", "call_count")} == {
-        "split": "train", "step": 1, "trained_step": 1, "group": 0, "attempt": 0, "status": "succeeded",
+    assert {k: rollout[k] for k in ("split", "step", "batch_step", "trained_step", "group", "attempt", "status",
+                                    "reward", "reward_detail", "failure_kind", "drop_reason", "exit_code",
+                                    "call_count")} == {
+        "split": "train", "step": 1, "batch_step": 1, "trained_step": 1, "group": 0, "attempt": 0, "status": "succeeded",
         "reward": 1.0, "reward_detail": {"reward": 1.0, "checked": True}, "failure_kind": "", "drop_reason": "",
         "exit_code": 0, "call_count": 2}
     assert rollout["task_id"] == "t1"
@@ -87,6 +88,7 @@ def test_it_streams_one_line_per_rollout_with_its_calls_and_samples(client, alic
 
     dropped = next(r for r in records if r["rollout"]["id"] == rows["dropped"].pk)
     assert dropped["rollout"]["drop_reason"] == "no_sampled_tokens" and dropped["samples"] == []
+    assert (dropped["rollout"]["batch_step"], dropped["rollout"]["trained_step"]) == (1, None)  # sampled, not trained
     assert len(dropped["calls"]) == 1 and dropped["calls"][0]["response"]["choices"][0]["message"]["content"] == "3"
     failed = next(r for r in records if r["rollout"]["id"] == rows["failed"].pk)
     assert failed["calls"] == [] and failed["samples"] == [] and failed["rollout"]["reward"] is None

@@ -244,7 +244,7 @@ def test_the_timeline_has_a_bar_per_rollout_and_the_phases_of_the_step(stepped):
 
 def test_a_run_recorded_before_trained_step_falls_back_to_the_launch_version(stepped):
     run, r = stepped
-    Rollout.objects.filter(run=run).update(trained_step=None, drop_reason="")
+    Rollout.objects.filter(run=run).update(batch_step=None, trained_step=None, drop_reason="")
     data = inspect_queries.step_data(run, 2)
     assert data["legacy"] is True
     assert {a["rollout"] for g in data["groups"] for a in g["attempts"]} == {r["c0"].pk, r["c1"].pk, r["c2"].pk}

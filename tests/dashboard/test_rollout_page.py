@@ -209,7 +209,20 @@ def test_it_links_the_samples_to_their_token_view(client, alice, make_run):
     samples = html[html.index('id="samples"'):]
     assert f'<a class="token-view-link" href="/samples/{sample.pk}/tokens/">sample 0</a>' in samples
     assert "4 tokens · merged · advantage 0.250 · calls 0, 1" in samples
-    assert '<dd id="rollout-trained-step">1</dd>' in html
+    assert '<dd id="rollout-fate">sampled for step 1: trained</dd>' in html
+
+
+def test_it_says_a_rollout_its_step_dropped_was_sampled_for_that_step_and_not_trained(client, alice, make_run):
+    run = make_run(alice)
+    dropped, waiting = agent_rollout(run, calls=1), agent_rollout(run, calls=1, attempt=1)
+    rollout_services.record_step(run.pk, 2, 2, [], {}, {}, {dropped.pk: "no_signal: every attempt scored 1"})
+    client.force_login(alice)
+    html = client.get(f"/rollouts/{dropped.pk}/").content.decode()
+    assert '<dd id="rollout-fate">sampled for step 2: dropped (no_signal: every attempt scored 1)</dd>' in html
+    assert 'id="samples">No training samples: no_signal: every attempt scored 1.' in html
+    assert '<dd id="rollout-fate">–</dd>' in client.get(f"/rollouts/{waiting.pk}/").content.decode()
+    dropped.refresh_from_db()
+    assert (dropped.batch_step, dropped.trained_step) == (2, None)
 
 
 def test_it_links_the_previous_and_next_attempts_of_the_group(client, alice, make_run):

@@ -1,5 +1,6 @@
 """Stored training steps for the health tests: rollouts with calls, samples and metrics as a real run stores them
-(rollout_services.record_step writes the samples, trained_step and metrics), each fault injectable on its own."""
+(rollout_services.record_step writes the samples, batch_step, trained_step or drop_reason, and metrics), each fault
+injectable on its own."""
 from __future__ import annotations
 
 import json
@@ -44,9 +45,13 @@ def response(attempt: Attempt) -> dict:
 
 
 def store_step(run, step: int, groups: list[list[Attempt]], metrics: dict | None = None,
-               first_group: int | None = None) -> list[Rollout]:
-    """Store step `step` of `run`: its rollouts (finished, with calls), then record_step's samples, batch and metrics."""
+               first_group: int | None = None, dropped: int = 0) -> list[Rollout]:
+    """Store step `step` of `run`: its rollouts (finished, with calls), then record_step's samples, batch and metrics.
+
+    The last `dropped` groups are those dynamic sampling dropped without signal before the step: recorded with it,
+    never trained (no samples, drop_reason 'no_signal: ...'), as the scheduler reports them."""
     first_group = step * 100 if first_group is None else first_group
+    batch: dict[int, str] = {}
     task = run.dataset.tasks.filter(split="train").first() if run.dataset_id else None
     rollouts, samples = [], []
     for g, attempts in enumerate(groups):
@@ -66,12 +71,14 @@ def store_step(run, step: int, groups: list[list[Attempt]], metrics: dict | None
                 reward=attempt.reward, reward_detail={}, exit_code=0, failure_kind=attempt.failure_kind,
                 error=attempt.error, outcome=attempt.outcome, flags=attempt.flags)
             rollouts.append(rollout)
-            if attempt.calls and attempt.completion_tokens:
+            batch[rollout.pk] = f"no_signal: every attempt scored {attempt.reward:g}" if g >= len(groups) - dropped \
+                else ""
+            if attempt.calls and attempt.completion_tokens and not batch[rollout.pk]:
                 samples.append({"rollout_id": rollout.pk, "token_ids": [1, 2, 3, 4],
                                 "loss_mask": [0, 0, 0, 0] if attempt.masked else [0, 0, 1, 1],
                                 "logprobs": [0.0, 0.0, -0.5, -0.5], "advantage": 0.1, "call_seqs": [0],
                                 "build": "single", "policy_version": step - 1, "step": step})
     values = {"reward/mean": sum(a.reward for g in groups for a in g) / max(1, sum(len(g) for g in groups)),
               "train/logprob_mismatch_mean": 0.01, "train/logprob_mismatch_max": 0.05, **(metrics or {})}
-    rollout_services.record_step(run.pk, step, step, samples, {}, values, {r.pk: "" for r in rollouts})
+    rollout_services.record_step(run.pk, step, step, samples, {}, values, batch)
     return rollouts

@@ -109,7 +109,40 @@ def test_groups_without_signal(alice, make_run):
     store_step(run, 1, groups)
     raised = health_services.check_step(run.pk, 1)
     assert [a.kind for a in raised] == ["no_signal"]
-    assert raised[0].evidence == {"share": 1.0, "groups": 4, "flat_groups": 4}
+    assert raised[0].evidence == {"share": 1.0, "groups": 4, "flat_groups": 4, "dropped_groups": 0,
+                                  "dynamic_sampling": False}
+    assert raised[0].message == ("100% of the 4 groups this step trained on scored every attempt the same: GRPO "
+                                 "learns nothing from them. Raise temperature or group_size, or turn on "
+                                 "dynamic_sampling.")
+
+
+def flat(reward, size=4):
+    return [Attempt(reward=reward) for _ in range(size)]
+
+
+def test_groups_dynamic_sampling_dropped_are_not_counted(alice, make_run):
+    """Dynamic sampling did its work: the flat groups it dropped were replaced by groups with signal."""
+    run = make_run(alice, config={"dynamic_sampling": True, "dynamic_sampling_max_extra": 4.0, "tasks_per_step": 1})
+    store_step(run, 1, clean_attempts(groups=1) + [flat(1.0), flat(0.0), flat(1.0), flat(0.0)], dropped=4)
+    assert health_services.check_step(run.pk, 1) == []
+    assert not RunAlarm.objects.filter(run=run).exists()
+
+
+def test_flat_groups_trained_once_dynamic_samplings_budget_ran_out(alice, make_run):
+    run = make_run(alice, config={"dynamic_sampling": True, "dynamic_sampling_max_extra": 0.8,
+                                  "tasks_per_step": 5})
+    trained = [flat(1.0), flat(0.0), flat(1.0), flat(0.0), clean_attempts(groups=1)[0]]
+    rollouts = store_step(run, 1, trained + [flat(0.0)] * 4, dropped=4)
+    raised = health_services.check_step(run.pk, 1)
+    assert [a.kind for a in raised] == ["no_signal"]
+    assert raised[0].evidence == {"share": 0.8, "groups": 5, "flat_groups": 4, "dropped_groups": 4,
+                                  "dynamic_sampling": True}
+    assert raised[0].message == (
+        "80% of the 5 groups this step trained on scored every attempt the same: GRPO learns nothing from them. "
+        "Dynamic sampling is on (at most 4 groups dropped a step: dynamic_sampling_max_extra x tasks_per_step) and "
+        "dropped 4 this step; these came once its budget was spent: raise dynamic_sampling_max_extra, or temperature "
+        "or group_size.")
+    assert raised[0].rollout_ids == [rollouts[0].pk, rollouts[4].pk, rollouts[8].pk, rollouts[12].pk]  # trained only
 
 
 def test_reward_collapse_raises_it_and_the_signal_alarm(alice, make_run):

@@ -34,7 +34,8 @@ def scored_run(alice, make_run):
         rollout_services.finish_rollout(
             r.pk, status=RolloutStatus.FAILED if kind else RolloutStatus.SUCCEEDED, reward=reward, reward_detail={},
             exit_code=0, failure_kind=kind, outcome={"answer": answer} if outcome else None)
-        Rollout.objects.filter(pk=r.pk).update(trained_step=step + 1 if split == "train" else None)
+        Rollout.objects.filter(pk=r.pk).update(batch_step=step + 1 if split == "train" else None,
+                                               trained_step=step + 1 if split == "train" else None)
         made.append(r)
         return r
 

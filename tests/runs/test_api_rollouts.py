@@ -53,3 +53,18 @@ def test_others_cannot_see_rollouts(bob_api, staff_api, rollout):
 def test_rollouts_are_read_only(alice_api, rollout):
     assert alice_api.post(URL, {}, format="json").status_code == 405
     assert alice_api.delete(f"{URL}{rollout.pk}/").status_code == 405
+
+
+def test_it_says_which_step_a_rollout_was_sampled_for_and_whether_it_trained_on_it(alice_api, rollout):
+    dropped, _ = rollout_services.create_rollout(rollout.run, task=None, split="train", step=0, group=1, attempt=0)
+    before = alice_api.get(f"{URL}{rollout.pk}/").json()
+    assert {k: before[k] for k in ("batch_step", "trained_step", "drop_reason", "fate")} == {
+        "batch_step": None, "trained_step": None, "drop_reason": "", "fate": ""}
+    rollout_services.record_step(rollout.run_id, 1, 1, [], {}, {},
+                                 {rollout.pk: "", dropped.pk: "no_signal: every attempt scored 0"})
+    rows = {r["id"]: r for r in alice_api.get(URL, {"run": rollout.run_id}).json()["results"]}
+    assert {k: rows[rollout.pk][k] for k in ("batch_step", "trained_step", "drop_reason", "fate")} == {
+        "batch_step": 1, "trained_step": 1, "drop_reason": "", "fate": "sampled for step 1: trained"}
+    assert {k: rows[dropped.pk][k] for k in ("batch_step", "trained_step", "drop_reason", "fate")} == {
+        "batch_step": 1, "trained_step": None, "drop_reason": "no_signal: every attempt scored 0",
+        "fate": "sampled for step 1: dropped (no_signal: every attempt scored 0)"}

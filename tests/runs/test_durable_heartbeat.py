@@ -1,4 +1,4 @@
-"""The heartbeat thread and the orchestrator's watcher: a worker beats while it holds a run and lets go once not."""
+"""The heartbeat thread and the run's watcher (runs.watch): a worker beats while it holds a run and lets go once not."""
 import asyncio
 import time
 
@@ -6,7 +6,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from runs import durability, orchestrator, services
+from runs import durability, services
+from runs import watch as run_watch
 from runs.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat writes from a thread of its own
@@ -37,7 +38,7 @@ def test_it_beats_while_the_run_is_held_and_stops_once_it_is_not(alice, make_run
 def watch(run_id, generation):
     async def go():
         work = asyncio.create_task(asyncio.sleep(3600))
-        reason = await orchestrator._watch(run_id, generation, work)
+        reason = await run_watch.watch(run_id, generation, work)
         await asyncio.sleep(0)
         await sync_to_async(lambda: connections.close_all())()  # the watcher's database thread lets go of it
         return reason, work.cancelled()
@@ -50,18 +51,18 @@ def test_the_watcher_stops_the_work_of_a_worker_that_no_longer_holds_its_run(ali
     generation = services.claim_run(run.pk, "task")
     services.transition_run(run.pk, "running")
     Run.objects.filter(pk=run.pk).update(status="queued")  # re-queued by the sweep while this worker was silent
-    assert watch(run.pk, generation) == (orchestrator.LOST, True)
+    assert watch(run.pk, generation) == (run_watch.LOST, True)
 
 
 def test_the_watcher_stops_the_work_of_a_run_resumed_by_another_worker(alice, make_run):
     run = make_run(alice)
     generation = services.claim_run(run.pk, "task")
     Run.objects.filter(pk=run.pk).update(worker_starts=generation + 1)
-    assert watch(run.pk, generation) == (orchestrator.LOST, True)
+    assert watch(run.pk, generation) == (run_watch.LOST, True)
 
 
 def test_the_watcher_stops_the_work_of_a_cancelled_run(alice, make_run):
     run = make_run(alice)
     generation = services.claim_run(run.pk, "task")
     services.cancel_run(Run.objects.get(pk=run.pk), alice)
-    assert watch(run.pk, generation) == (orchestrator.CANCEL, True)
+    assert watch(run.pk, generation) == (run_watch.CANCEL, True)

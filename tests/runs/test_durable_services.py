@@ -145,7 +145,10 @@ def checkpoint(folder, step, counters):
 
 
 def train_rollout(run, group, step, status="succeeded", samples=1):
-    rollout = Rollout.objects.create(run=run, split="train", group=group, step=step, status=status)
+    """A rollout of `group` launched at version `step`; trained by step `step` + 1 when it has samples."""
+    trained = step + 1 if samples else None
+    rollout = Rollout.objects.create(run=run, split="train", group=group, step=step, status=status,
+                                     batch_step=trained, trained_step=trained)
     ModelCall.objects.create(rollout=rollout, seq=0, api="chat", request={}, status_code=200)
     for index in range(samples):
         Sample.objects.create(rollout=rollout, index=index, token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0, -1])
@@ -182,8 +185,11 @@ def test_prepare_resume_rewinds_to_the_checkpoint(alice, make_run, tmp_path):
         row.refresh_from_db()
         assert row.status == "lost" and not row.samples.exists() and row.calls.count() == (row.split == "train")
     assert lost[0].error.startswith("lost: the run resumed from the checkpoint of step 2")
+    # group 4, trained by the abandoned step 3: that training is undone, the redone step 3 samples anew
+    assert [(r.batch_step, r.trained_step) for r in lost] == [(None, None)] * 3
     for row in trained + [val_kept]:
         assert Rollout.objects.get(pk=row.pk).status == row.status and row.samples.count() == (row.split == "train")
+        assert Rollout.objects.get(pk=row.pk).trained_step == (row.step + 1 if row.split == "train" else None)
     assert Rollout.objects.get(pk=cancelled.pk).status == "cancelled"
     assert sorted(Metric.objects.filter(run=run).values_list("step", "name")) == [
         (0, "eval/pass@1"), (1, "reward/mean"), (2, "reward/mean")]

@@ -54,14 +54,15 @@ def test_groups_without_signal_are_dropped_shown_and_the_batch_refilled(alice, c
     # Dropped: only constant tasks, whole groups, recorded with their step, never trained.
     assert {r.task.external_id for r in dropped} <= CONSTANT
     assert set(dropped.values_list("drop_reason", flat=True)) == {"no_signal: every attempt scored 0.5"}
-    assert set(dropped.values_list("trained_step", flat=True)) <= {1, 2}
+    assert set(dropped.values_list("batch_step", flat=True)) <= {1, 2}  # sampled for a step,
+    assert set(dropped.values_list("trained_step", flat=True)) == {None}  # never trained
     assert not Sample.objects.filter(rollout__in=dropped).exists()
     for group in set(dropped.values_list("group", flat=True)):
         assert train.filter(group=group).count() == 2 == dropped.filter(group=group).count()
     metrics = {(m.name, m.step): m.value for m in run.metrics.all()}
     cap = 4  # 2.0 x tasks_per_step
     for step in (1, 2):
-        step_dropped = dropped.filter(trained_step=step)
+        step_dropped = dropped.filter(batch_step=step)
         step_trained = trained.filter(trained_step=step)
         n_dropped = len(set(step_dropped.values_list("group", flat=True)))
         assert metrics[("groups/dropped_no_signal", step)] == n_dropped <= cap
@@ -73,11 +74,11 @@ def test_groups_without_signal_are_dropped_shown_and_the_batch_refilled(alice, c
             assert not {r.task.external_id for r in step_trained} & CONSTANT
             assert metrics[("groups/signal_share", step)] == 1.0
     # Every rollout sampled is in a step: the refills were trained or dropped, nothing left over.
-    assert train.filter(trained_step__isnull=True).count() == 0
+    assert train.filter(batch_step__isnull=True).count() == 0
     assert train.count() == 2 * sum(metrics[("groups/sampled", s)] for s in (1, 2))
 
     client.force_login(alice)
-    step = dropped.first().trained_step
+    step = dropped.first().batch_step
     page = client.get(reverse("run-step", args=[run.pk, step])).content.decode()
     assert "no signal, not trained" in page and "dropped without signal by dynamic sampling" in page
     body = client.get(f"/api/v1/runs/{run.pk}/signal/").json()

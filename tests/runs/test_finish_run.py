@@ -37,3 +37,27 @@ def test_a_run_asked_to_finish_trains_the_step_in_progress_evaluates_it_and_succ
 
     continued = services.continue_run(run, alice, 1)
     assert continued.status == "queued" and continued.config["steps"] == last + 1
+
+
+def test_a_finish_asked_while_a_step_records_ends_the_run_with_a_checkpoint_of_that_step(
+        run_of, alice, monkeypatch):  # noqa: F811
+    """The scheduler took step 1's checkpoint decision (not its last step then, checkpoint_every 0: none) before
+    its record phase, where its owner asks it to finish: that step is the run's last all the same, and saved."""
+    from runs import rollout_services
+
+    run = run_of({"steps": 4, "eval_every": 0, "eval_tasks": 2, "checkpoint_every": 0})
+    record_step, asked = rollout_services.record_step, []
+
+    def finish_while_recording(run_id, step, *args, **kwargs):
+        if step == 1 and not asked:
+            asked.append(services.finish_run(Run.objects.get(pk=run_id), alice).config["steps"])
+        return record_step(run_id, step, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_services, "record_step", finish_while_recording)
+    assert execute_run.apply(args=[run.pk]).get() == "succeeded"
+    run.refresh_from_db()
+    assert asked == [1] and run.step == 1 == run.config["steps"] and run.error == ""
+    assert run.checkpoint_path.endswith("step-000001")  # continue goes on from here
+    evals = sorted(set(Metric.objects.filter(run=run, name="eval/pass@1").values_list("step", flat=True)))
+    assert evals == [0, 1]
+    assert services.continue_run(run, alice, 1).config["steps"] == 2

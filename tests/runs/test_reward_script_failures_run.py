@@ -19,5 +19,5 @@ def test_a_reward_script_that_raises_on_every_rollout_fails_the_run_after_that_s
     metrics = dict(Metric.objects.filter(run=run, step=1).values_list("name", "value"))
     assert metrics["reward/script_errors"] == 4.0 and metrics["reward/unparseable"] == 0.0
     assert metrics["rollout/infra_failures"] == 4.0
-    scored = run.rollouts.filter(split="train", trained_step=1)  # step 1's (later ones were cancelled with the run)
+    scored = run.rollouts.filter(split="train", batch_step=1)  # step 1's (later ones were cancelled with the run)
     assert scored.count() == 4 and set(scored.values_list("failure_kind", flat=True)) == {"infra"}

@@ -131,7 +131,7 @@ async def test_it_cancels_groups_in_flight_when_the_run_stops_early():
 
 
 async def test_a_lowered_last_step_ends_the_run_after_the_step_in_progress_with_its_checkpoint(tmp_path):
-    """Finish now (runs.orchestrator.Finish): the owner lowers the step count while step 2 is generated; the loop
+    """Finish now (runs.watch.Finish): the owner lowers the step count while step 2 is generated; the loop
     trains step 2, checkpoints it as the last one, cancels the groups launched ahead and admits no more."""
     engine = SpyEngine()
     source = TickSource(engine, durations=lambda g: 1 + g)
@@ -201,8 +201,8 @@ async def test_in_async_mode_an_evaluation_holds_nothing_back():
 
 
 async def test_a_step_reads_generate_train_record_evaluate_checkpoint_in_its_named_phases(tmp_path):
-    """Issue 27.4: evaluation is a named phase of the step, after its record; the checkpoint saved in the step is
-    announced last, after both."""
+    """Issue 27.4: evaluation is a named phase of the step, after its record; the step's checkpoint is decided,
+    saved and announced last, after both (issue 40.3: a finish asked while the step records makes it the last)."""
     engine = SpyEngine()
     heard = []
 
@@ -224,8 +224,8 @@ async def test_a_step_reads_generate_train_record_evaluate_checkpoint_in_its_nam
 
     await run(policy(steps=1), engine, TickSource(engine), phases=Hearing(), checkpoint_dir=tmp_path)
     assert heard == ["step 1: generating rollouts", "step 1: training on 4 rollouts",
-                     "step 1: syncing weights to the engine", "step 1: saving a checkpoint", "step 1: recording",
-                     ("record", 1, 4), ("evaluate", 1, 1), ("checkpoint", 1, "step-000001")]
+                     "step 1: syncing weights to the engine", "step 1: recording", ("record", 1, 4),
+                     ("evaluate", 1, 1), "step 1: saving a checkpoint", ("checkpoint", 1, "step-000001")]
 
 
 async def test_a_last_step_above_the_configured_steps_changes_nothing():

@@ -1,6 +1,8 @@
 """Scheduler checkpoints for resuming: complete folders only, the counters a resume needs, heard of after the step."""
 import json
 
+import pytest
+
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -102,3 +104,48 @@ async def test_a_folder_left_at_the_same_step_by_an_abandoned_trajectory_is_repl
 
 def test_a_checkpoint_from_before_counters_reads_as_none(tmp_path):
     assert read_counters(tmp_path) is None
+
+
+class FinishingAt(StepPhases):
+    """A run whose owner asks it to finish after `step` at a given moment: while that step records (before its
+    evaluation and checkpoint), or once the next step has started generating (the web app's watcher reads the
+    request up to 0.5 s late). It evaluates the last step, as runs.orchestrator.RunPhases does."""
+
+    def __init__(self, step: int, moment: str):
+        self.step, self.moment, self.steps, self.heard = step, moment, None, []
+
+    def last_step(self, configured):
+        return configured if self.steps is None else min(configured, self.steps)
+
+    def evaluates_at(self, version):
+        return version >= self.last_step(10**9)
+
+    async def phase(self, text):
+        if self.moment == "next step generates" and text == f"step {self.step + 1}: generating rollouts":
+            self.steps = self.step
+
+    async def record(self, report):
+        self.heard.append(("step", report.step))
+        if self.moment == "record" and report.step == self.step:
+            self.steps = self.step
+
+    async def evaluate(self, version):
+        self.heard.append(("evaluate", version))
+
+    async def checkpoint(self, path, step):
+        assert (path / STATE_FILE).is_file()
+        self.heard.append(("checkpoint", step, path.name))
+
+
+@pytest.mark.parametrize("moment", ["record", "next step generates"])
+async def test_a_finish_asked_after_the_checkpoint_decision_still_checkpoints_the_last_step(tmp_path, moment):
+    phases = FinishingAt(step=2, moment=moment)
+    policy = tiny_policy(steps=5, checkpoint_every=0)  # only the final step is checkpointed
+    reports = await Scheduler(policy, Engine(), Source(), checkpoint_dir=tmp_path, phases=phases).run()
+    assert [r.step for r in reports] == [1, 2] and policy.step == 2
+    assert phases.heard == [("step", 1), ("step", 2), ("evaluate", 2), ("checkpoint", 2, "step-000002")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002"]
+    assert json.loads((tmp_path / "step-000002" / STATE_FILE).read_text()) == {"step": 2}
+    counters = read_counters(tmp_path / "step-000002")
+    trained = {r.group_id for report in reports for r in report.rollouts}
+    assert set(counters["untrained_groups"]) == set(range(counters["next_group_id"])) - trained
