@@ -34,8 +34,6 @@ _IMAGE_HOST = (rf"(?:(?:localhost|{_IMAGE_LABEL}(?:\.{_IMAGE_LABEL})+|\[[0-9A-Fa
 
 IMAGE_REF = re.compile(rf"^(?:{_IMAGE_HOST}/)?{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$")
-
-
 """A container image reference as the distribution spec (docker/distribution `reference`) writes it."""
 
 

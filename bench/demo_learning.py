@@ -142,7 +142,9 @@ class App:
 
     def start(self, timeout_s: float = 600.0) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "LIGHTNING_MODELS_DIR")}
-        env.update(LIGHTNING_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1", **self.extra_env)
+        # The app's embedded Redis ends with this bench, however it ends (lightning_web/embedded_redis.py).
+        env.update(LIGHTNING_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1",
+                   LIGHTNING_EMBEDDED_REDIS_OWNER=str(os.getpid()), **self.extra_env)
         if self.models_dir:
             env["LIGHTNING_MODELS_DIR"] = str(self.models_dir)
         self.log = open(self.data_dir / "up.log", "ab")

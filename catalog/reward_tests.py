@@ -25,7 +25,7 @@ QUEUE = "default"
 
 
 def _redis():
-    from runs.pools import _redis as broker_redis
+    from runs.pools import broker_redis
 
     return broker_redis()
 

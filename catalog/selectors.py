@@ -8,8 +8,6 @@ from catalog.models import Dataset, Task
 
 OWNER_PATHS = {"Task": "dataset__owner", "Rollout": "run__owner", "ModelCall": "rollout__run__owner",
                "Sample": "rollout__run__owner"}
-
-
 """How a model without an `owner` of its own reaches its owner."""
 
 

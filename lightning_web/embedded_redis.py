@@ -2,7 +2,9 @@
 
 It outlives the process that started it (the web server, workers and manage.py commands of one data dir share it;
 `manage.py up` stops it when it stops), but never its data dir: a watcher started beside it stops it once the data
-dir is deleted (a test's or benchmark's temporary one), so no throwaway redis-server is left running.
+dir is deleted. A test session or benchmark names itself its owner (LIGHTNING_EMBEDDED_REDIS_OWNER, its pid): a
+server started for an owner is stopped by the watcher as soon as that process ends, however it ends (a failure,
+SIGTERM, SIGKILL), so no throwaway redis-server is left running.
 
 It listens on loopback only (127.0.0.1 and ::1, protected mode on) and requires a password generated once and kept
 (0600) in the data dir, so user code on the machine (reward scripts, harnesses) cannot read or write its queues
@@ -21,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.procs import alive, cmdline, free_port
+from common.procs import ProcStat, alive, cmdline, free_port, proc_stat
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -93,8 +95,10 @@ def _config(state: Path, port: int, secret: str) -> Path:
     return path
 
 
-def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
-    """Return the URL (password included) of the data dir's Redis, starting it first if nothing answers."""
+def ensure_running(data_dir: Path, wait_s: float = 15.0, owner: int | None = None) -> str:
+    """Return the URL (password included) of the data dir's Redis, starting it first if nothing answers.
+
+    A server started here for an `owner` (a pid) ends with that process; one already running is shared as it is."""
     state = Path(data_dir) / "redis"
     secret = password(data_dir)
     port_file = state / "port"
@@ -119,7 +123,12 @@ def ensure_running(data_dir: Path, wait_s: float = 15.0) -> str:
                 raise EmbeddedRedisError(f"embedded redis on port {port} did not answer in {wait_s}s; log tail:\n{log}")
             time.sleep(0.05)
         port_file.write_text(str(port))
-        _watch(state)
+        owner_file = state / "owner"
+        if owner:
+            owner_file.write_text(str(owner))
+        else:
+            owner_file.unlink(missing_ok=True)
+        _watch(state, owner)
         return _url(port, secret)
 
 
@@ -137,8 +146,8 @@ def _pidfile_cmdline(state: Path) -> str:
 WATCH_INTERVAL_S = 1.0
 
 
-def _watch(state: Path) -> None:
-    """Start the watcher of the server whose pid file is in `state`, detached from this process."""
+def _watch(state: Path, owner: int | None) -> None:
+    """Start the watcher of the server whose pid file is in `state` (and of its owner), detached from this process."""
     # Read here: the folder may be gone before the watcher runs. The server may answer a moment before it writes it.
     deadline = time.monotonic() + 5
     while True:
@@ -152,25 +161,36 @@ def _watch(state: Path) -> None:
             raise EmbeddedRedisError(f"embedded redis wrote no pid file in {state}")
         time.sleep(0.05)
     # Run as a file, not `-m lightning_web...`: the package's __init__ loads Celery and Django, which it needs not.
-    subprocess.Popen([sys.executable, __file__, str(state), pid], cwd="/", stdin=subprocess.DEVNULL,
+    subprocess.Popen([sys.executable, __file__, str(state), pid, str(owner or 0)], cwd="/", stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                      env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
 
 
-def watch(state: Path, pid: int, interval_s: float = WATCH_INTERVAL_S) -> None:
-    """Until the server exits: stop it (SIGTERM) as soon as its state folder is gone."""
+def watch(state: Path, pid: int, owner: int | None = None, interval_s: float = WATCH_INTERVAL_S) -> None:
+    """Until the server exits: stop it (SIGTERM) as soon as its state folder is gone or its owner has ended."""
+    owner_stat = proc_stat(owner) if owner else None
     while alive(pid):
-        if not state.exists():
+        if not state.exists() or (owner and _ended(owner_stat)):
             os.kill(pid, signal.SIGTERM)
             return
         time.sleep(interval_s)
 
 
-def stop(data_dir: Path, wait_s: float = 0.0) -> bool:
+def _ended(first_seen: ProcStat | None) -> bool:
+    """True once the process seen as `first_seen` has exited (its pid gone, a zombie, or now another process's)."""
+    now = proc_stat(first_seen.pid) if first_seen else None
+    return now is None or not now.running or now.started != first_seen.started
+
+
+def stop(data_dir: Path, wait_s: float = 0.0, owner: int | None = None) -> bool:
     """SIGTERM the data dir's embedded Redis (a throwaway data dir's, after a benchmark); False if none ran.
 
-    With wait_s, also wait (up to that long) for the server to exit."""
-    pid_file = Path(data_dir) / "redis" / "redis.pid"
+    With wait_s, also wait (up to that long) for the server to exit. With `owner`, only a server started for that
+    process is stopped (a test session ends its own, never one it found running)."""
+    state = Path(data_dir) / "redis"
+    pid_file = state / "redis.pid"
+    if owner and _owner(state) != owner:
+        return False
     try:
         pid = int(pid_file.read_text().strip())
         os.kill(pid, signal.SIGTERM)
@@ -182,5 +202,13 @@ def stop(data_dir: Path, wait_s: float = 0.0) -> bool:
     return True
 
 
-if __name__ == "__main__":  # the watcher: python lightning_web/embedded_redis.py <state folder> <server pid>
-    watch(Path(sys.argv[1]), int(sys.argv[2]))
+def _owner(state: Path) -> int | None:
+    """The pid the running server was started for (None: a shared one, which outlives its starter)."""
+    try:
+        return int((state / "owner").read_text().strip()) or None
+    except (OSError, ValueError):
+        return None
+
+
+if __name__ == "__main__":  # the watcher: python lightning_web/embedded_redis.py <state folder> <server pid> [<owner>]
+    watch(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

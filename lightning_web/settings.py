@@ -53,7 +53,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
+    "lightning_web.security.SameHostCSPMiddleware",  # django-csp's, the websocket to this host only
     "axes.middleware.AxesMiddleware",  # last: it turns a locked-out login into lightning_web.login_limits' answer
 ]
 
@@ -114,7 +114,9 @@ def _redis_url(name: str) -> str | None:
     return value
 
 
-REDIS_URL = _redis_url("REDIS_URL") or embedded_redis.ensure_running(DATA_DIR)
+# A test session or benchmark names itself (its pid) the owner of the embedded Redis it starts: it ends with it.
+EMBEDDED_REDIS_OWNER = env_int("LIGHTNING_EMBEDDED_REDIS_OWNER", 0, minimum=0) or None
+REDIS_URL = _redis_url("REDIS_URL") or embedded_redis.ensure_running(DATA_DIR, owner=EMBEDDED_REDIS_OWNER)
 
 CHANNEL_LAYERS = {
     "default": {
@@ -216,14 +218,15 @@ SPECTACULAR_SETTINGS = {
 
 # Security headers. The dashboard's scripts are all files under /static/ (page data travels in json_script
 # blocks), so script-src needs no inline or eval exception; styles may be inline because plotly and Ace set
-# style attributes. Swagger UI gets its init script as a file from drf-spectacular's split view.
+# style attributes. Swagger UI gets its init script as a file from drf-spectacular's split view. connect-src gains
+# ws:// and wss:// to the request's own host in lightning_web.security (a bare ws: would allow any host).
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
         "script-src": ["'self'"],
         "style-src": ["'self'", "'unsafe-inline'"],
         "img-src": ["'self'", "data:", "blob:"],
-        "connect-src": ["'self'", "ws:", "wss:"],  # the dashboard's websocket
+        "connect-src": ["'self'"],  # and the dashboard's websocket to this host (lightning_web.security)
         "worker-src": ["'self'", "blob:"],  # Ace starts its syntax workers from blob: URLs
         "frame-ancestors": ["'none'"],
         "form-action": ["'self'"],
@@ -296,6 +299,7 @@ LIGHTNING_RUN_MAX_WORKER_STARTS = env_int("LIGHTNING_RUN_MAX_WORKER_STARTS", 5, 
 LIGHTNING_CHECKPOINTS_KEPT = env_int("LIGHTNING_CHECKPOINTS_KEPT", 2, minimum=1)
 # A weight update first waits for the model calls in flight to finish (runs.gated_engine); calls that outlast
 # LIGHTNING_WEIGHT_SYNC_DRAIN_S mean a stuck engine or proxy: the run fails saying so instead of waiting forever.
+# New calls wait at the proxy's gate meanwhile for as long as that drain and the reload may take (gate_wait_s there).
 LIGHTNING_WEIGHT_SYNC_DRAIN_S = env_int("LIGHTNING_WEIGHT_SYNC_DRAIN_S", 600, minimum=1)
 # A finished rollout's samples are built only once every call the proxy answered for it is stored; a rollout whose
 # calls the database still refuses after LIGHTNING_RECORD_DEADLINE_S is an infrastructure failure, never trained.

@@ -126,7 +126,7 @@ class DeviceClaim:
         return f"device set {self.index} ({'CUDA_VISIBLE_DEVICES=' + self.devices if self.devices else 'all devices'})"
 
 
-def _redis() -> redis.Redis:
+def broker_redis() -> redis.Redis:
     """The broker's Redis (its current primary, where the broker is a Sentinel group)."""
     return redis_urls.client(current_app.conf.broker_url, settings.LIGHTNING_REDIS_SENTINEL_MASTER,
                              settings.LIGHTNING_REDIS_SENTINEL_PASSWORD)
@@ -167,7 +167,7 @@ _RELEASE = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis
 
 def try_claim(worker: str, run_id: int, pid: int | None = None) -> DeviceClaim | None:
     """Claim a free device set of `worker` for `run_id` held by process `pid`; None while every set is held."""
-    client, key = _redis(), CLAIM_KEY.format(worker=worker)
+    client, key = broker_redis(), CLAIM_KEY.format(worker=worker)
     with client:
         for index, devices in enumerate(device_sets()):
             holder = pid or os.getpid()
@@ -185,13 +185,13 @@ def try_claim(worker: str, run_id: int, pid: int | None = None) -> DeviceClaim |
 
 
 def release(claim: DeviceClaim) -> None:
-    with _redis() as client:
+    with broker_redis() as client:
         client.eval(_RELEASE, 1, CLAIM_KEY.format(worker=claim.worker), claim.index, claim.token)
 
 
 def claims(worker: str) -> dict[int, dict]:
     """The held device sets of `worker`: index -> {"run", "pid", "start", "since", "devices"}."""
-    with _redis() as client:
+    with broker_redis() as client:
         held = client.hgetall(CLAIM_KEY.format(worker=worker))
     return {int(index): json.loads(token) for index, token in sorted(held.items(), key=lambda item: int(item[0]))}
 

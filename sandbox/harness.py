@@ -20,8 +20,7 @@ from sandbox.isolation import (
     LAUNCHER,
     SOCKET_INSIDE,
     IsolationError,
-    _base,
-    _within,
+    bwrap_base,
     check_visible,
     code_binds,
     code_inside,
@@ -29,6 +28,7 @@ from sandbox.isolation import (
     interpreter,
     python_dirs,
     real_path,
+    within,
 )
 from sandbox.limits import PidsLimit, nproc_limit
 
@@ -59,7 +59,7 @@ def harness_paths(argv: list[str], env_values: Iterable[str], workdir: Path, rea
         if not value.startswith("/") or not os.path.isfile(value):
             continue
         folder = real_path(value).parent
-        if _within(folder, workdir):
+        if within(folder, workdir):
             continue
         check_visible(real_path(value), "the file")
         check_visible(folder, "the folder")
@@ -109,7 +109,7 @@ async def harness_sandbox(argv: list[str], env: dict[str, str], workdir: Path, r
                       "--nproc", str(nproc_limit(HARNESS_PIDS)), "--as", str(address_space), "--", *argv]
             binds = ["--bind", str(socket_path), SOCKET_INSIDE] if relay is not None else []
             binds += code_binds(LAUNCHER)
-            sandbox = _base(iso, entries, HARNESS_TMP_BYTES, aliases=True)
+            sandbox = bwrap_base(iso, entries, HARNESS_TMP_BYTES, aliases=True)
             yield pids.wrap([*sandbox, *binds, "--chdir", str(workdir), "--", *inside])
         finally:  # no await here: a second cancel must not skip the clean-up
             pids.close()

@@ -34,37 +34,27 @@ from django.conf import settings
 from sandbox.limits import memory_root, pids_root
 
 HARNESS_PIDS = 512
-
-
 """Tasks (processes and threads) one harness sandbox may hold."""
-
-
 REWARD_PIDS = 64
-
-
+"""Tasks one reward script sandbox may hold."""
 REWARD_TMP_BYTES = 64 * 1024 * 1024
-
-
 """Size of a reward script's private /tmp (its workdir)."""
-
-
 HARNESS_TMP_BYTES = 256 * 1024 * 1024
-
-
+"""Size of a harness's private /tmp (its workdir, bound read-write, lies elsewhere)."""
 LAUNCHER = Path(__file__).with_name("launcher.py")
-
-
+"""The script that runs first inside a harness's sandbox: its limits, the relay to the proxy, then the harness."""
 SOCKET_INSIDE = "/tmp/.lightning/proxy.sock"
-
-
+"""Where a harness sandbox sees the Unix socket that leads to its run's proxy."""
 SOCKET_DIRS = ("/run", "/var/run")
-
-
+"""Where PostgreSQL (/run/postgresql) and system Redis (/run/redis) put their unix sockets: private in a sandbox."""
 CODE_INSIDE = Path("/run/lightning")
-
-
 """Where the sandbox sees our own runner and launcher (in its private /run): not in its /tmp, where a checkout
 under /tmp would otherwise show up as the folders leading to them."""
+COMMON_FLAGS = ("--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
+                "--new-session")
+"""The bwrap flags of every sandbox: every namespace its own, no capabilities, none to gain, dies with its parent."""
+UNSAFE = "none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)"
+"""Run.isolation of a run whose user code ran unisolated."""
 
 
 def code_inside(path: Path) -> str:
@@ -73,17 +63,8 @@ def code_inside(path: Path) -> str:
 
 
 def code_binds(*paths: Path) -> list[str]:
+    """bwrap arguments that show our own files (runner, launcher) read-only at their `code_inside` paths."""
     return [arg for path in paths for arg in ("--ro-bind", str(real_path(path)), code_inside(path))]
-
-
-"""Where PostgreSQL (/run/postgresql) and system Redis (/run/redis) put their unix sockets: private in a sandbox."""
-
-
-COMMON_FLAGS = ("--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
-                "--new-session")
-
-
-UNSAFE = "none (LIGHTNING_UNSAFE_LOCAL_EXEC=1)"
 
 
 class IsolationError(RuntimeError):
@@ -193,14 +174,15 @@ def shareable_dirs() -> list[Path]:
             real_path(settings.LIGHTNING_HARNESS_TOOLS_DIR)]
 
 
-def _within(path: Path, root: Path) -> bool:
+def within(path: Path, root: Path) -> bool:
+    """True when `path` is `root` or lies below it."""
     return path == root or root in path.parents
 
 
 def check_visible(path: Path, why: str) -> None:
     """IsolationError when `path` lies in a protected dir and in no shareable one."""
     for root, what in protected_dirs().items():
-        if _within(path, root) and not any(_within(path, ok) for ok in shareable_dirs()):
+        if within(path, root) and not any(within(path, ok) for ok in shareable_dirs()):
             raise IsolationError(f"{why} {path} is inside {what} ({root}), which user code may not see")
 
 
@@ -229,7 +211,9 @@ def _mounts(entries: Iterable[tuple[Path, str]], tmp_bytes: int) -> list[str]:
     return args
 
 
-def _base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int, aliases: bool = False) -> list[str]:
+def bwrap_base(iso: Isolation, entries: list[tuple[Path, str]], tmp_bytes: int, aliases: bool = False) -> list[str]:
+    """The bwrap argv every sandbox starts with: the system read-only, the protected dirs and /tmp hidden (a /tmp of
+    `tmp_bytes`), then `entries` (path, ro|rw) shown; with `aliases`, the venv also at its symlinked path."""
     hidden = [(p, "hide") for p in [*protected_dirs(), Path("/tmp")]]
     return [iso.bwrap, *COMMON_FLAGS, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
             *_mounts(hidden + entries, tmp_bytes), *(_python_aliases() if aliases else [])]
@@ -249,4 +233,4 @@ def _python_aliases() -> list[str]:
 def reward_argv(iso: Isolation, python_argv: list[str], runner: Path) -> list[str]:
     """bwrap around the reward runner: no network, Python and the runner read-only, a private /tmp as workdir."""
     entries = [(p, "ro") for p in python_dirs()[:2]]
-    return [*_base(iso, entries, REWARD_TMP_BYTES), *code_binds(runner), "--chdir", "/tmp", "--", *python_argv]
+    return [*bwrap_base(iso, entries, REWARD_TMP_BYTES), *code_binds(runner), "--chdir", "/tmp", "--", *python_argv]

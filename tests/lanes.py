@@ -5,7 +5,9 @@ to a lane (`--dist loadfile`, so a module-scoped engine starts once). Each lane 
 second session on the same machine already is (tests/conftest.py): its own test database (pytest-django's `_gwN`
 suffix), its own Redis database for the tests' queues and channel groups (`lane_redis_db`), and its own data dir
 (LIGHTNING_DATA_DIR/lanes/gwN: runs, engine caches and the embedded Redis never meet another lane's, though two lanes
-number their runs alike). The real agents and the models registry stay where the checkout put them.
+number their runs alike). The real agents and the models registry stay where the checkout put them. A process a lane
+starts inherits the lane's environment and is no lane of its own (a `./lw test` a test runs keeps the lane's data dir;
+it derived data/lanes/gw0/lanes/gw0 and started a Redis there before); a nested xdist run's workers are lanes.
 
 Modules start longest first (`ORDER`, measured on this 2-core machine) so that no lane is left with a long
 module at the end; a module not listed starts after the listed ones. The order changes no result, only the wall time.
@@ -27,6 +29,7 @@ ORDER = (
     "tests/dashboard/test_export_memory.py",  # 154 s
     "tests/runs/test_durable_worker.py",  # 148 s
     "tests/runs/test_host_formats.py",  # 132 s
+    "tests/common/test_session_leftovers.py",  # 129 s (one process, on this machine beside other sessions)
     "tests/e2e/test_engine_replicas.py",  # 119 s
     "tests/runs/test_orchestrator.py",  # 114 s
     "tests/browser/test_new_user_path_in_chromium.py",  # 102 s
@@ -58,10 +61,30 @@ ORDER = (
 machine, 2026-12-06: 4,586 s of tests in 39 min)."""
 
 
-def lane() -> int | None:
-    """This process's lane (0, 1, ...) under pytest-xdist; None in a plain pytest run or in xdist's controller."""
+PINNED_ENV = "LIGHTNING_TEST_LANE_PINNED"
+"""The xdist run and worker (`<PYTEST_XDIST_TESTRUNUID>/gwN`) whose lane this environment was pinned for."""
+
+
+def _this_process_lane() -> int | None:
+    """The lane of this process: an xdist worker's number, unless it only inherited a worker's environment (a
+    `./lw test` or `manage.py` a lane's test starts is no lane of its own; a nested xdist run's workers are)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
+    if not worker.startswith("gw") or os.environ.get(PINNED_ENV) == _pinned_for(worker):
+        return None
+    return int(worker.removeprefix("gw"))
+
+
+def _pinned_for(worker: str) -> str:
+    return f"{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}/{worker}"
+
+
+LANE = _this_process_lane()
+
+
+def lane() -> int | None:
+    """This process's lane (0, 1, ...) under pytest-xdist; None in a plain pytest run, in xdist's controller and in
+    a process a lane starts."""
+    return LANE
 
 
 def lane_redis_db(base: int, lane_index: int | None, app_url: str = "") -> int:
@@ -79,14 +102,14 @@ def lane_redis_db(base: int, lane_index: int | None, app_url: str = "") -> int:
 
 
 def _pin_data_dir() -> None:
-    """Give this lane a data dir of its own; the real agents and the models registry stay at the checkout's."""
-    index = lane()
-    if index is None:
+    """Give this lane a data dir of its own, once; the real agents and the models registry stay at the checkout's."""
+    if LANE is None:
         return
     base = Path(os.environ.get("LIGHTNING_DATA_DIR") or ROOT / "data").expanduser().resolve()
     os.environ.setdefault("LIGHTNING_HARNESS_TOOLS_DIR", str(base / "harness-tools"))
     os.environ.setdefault("LIGHTNING_MODELS_DIR", str(base / "models"))
-    os.environ["LIGHTNING_DATA_DIR"] = str(base / "lanes" / f"gw{index}")
+    os.environ["LIGHTNING_DATA_DIR"] = str(base / "lanes" / f"gw{LANE}")
+    os.environ[PINNED_ENV] = _pinned_for(f"gw{LANE}")  # what this lane's processes inherit: not lanes themselves
 
 
 _pin_data_dir()  # at import: `-p tests.lanes` loads this before pytest-django reads the settings

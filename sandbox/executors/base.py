@@ -20,8 +20,6 @@ PLACEHOLDERS: dict[str, str] = {
     "model": "the model name to ask the proxy for",
     "rollout_id": "the rollout's id",
 }
-
-
 """The `{placeholders}` a harness argv or env value may use (filled per attempt below) and what each stands for:
 the API's validation and the harness page's list both read this."""
 
@@ -64,7 +62,7 @@ class Outcome:
     error: str = ""
 
 
-def _read_outcome(output_file: Path, exit_code: int | None, stdout: str) -> dict[str, Any]:
+def read_outcome(output_file: Path, exit_code: int | None, stdout: str) -> dict[str, Any]:
     """The harness's output file (a JSON object) plus its exit code and stdout tail."""
     text = output_file.read_text(errors="replace")[:OUTPUT_MAX_CHARS] if output_file.is_file() else None
     return parse_outcome(text, exit_code, stdout)

@@ -16,11 +16,9 @@ from django.conf import settings
 from common.procs import signal_group
 from sandbox import harness as sandbox_harness
 from sandbox import isolation
-from sandbox.executors.base import PASSED_ENV, PLACEHOLDERS, TAIL_BYTES, Attempt, Outcome, _read_outcome
+from sandbox.executors.base import PASSED_ENV, PLACEHOLDERS, TAIL_BYTES, Attempt, Outcome, read_outcome
 
 DISK_POLL_S = 1.0
-
-
 """How often the workdir's size is measured against the attempt's disk limit."""
 
 
@@ -58,7 +56,7 @@ class LocalExecutor:
         code = proc.returncode
         if command is not argv and code is not None and 128 < code < 128 + 65:
             code = 128 - code  # the sandbox reports a signal N that ended the harness as 128 + N: -N as unsandboxed
-        outcome = _read_outcome(output_file, code, stdout)
+        outcome = read_outcome(output_file, code, stdout)
         error = {"timeout": f"harness timed out after {attempt.timeout_s:g} s",
                  "disk": f"harness stopped: its workdir grew past {disk // (1024 * 1024)} MB (the disk limit)"
                  }.get(stopped) or (f"harness exited with code {code}" if code else "")

@@ -13,7 +13,7 @@ from django.utils.html import escape
 from catalog.models import RewardScript
 from catalog.pages.resource_forms import outcome_from_text
 from catalog.reward_tests import run_reward_test
-from sandbox.executors.base import _read_outcome
+from sandbox.executors.base import read_outcome
 
 pytestmark = pytest.mark.django_db
 
@@ -221,7 +221,7 @@ def test_the_outcome_rule_is_the_executors(text):
         path = Path(folder) / "output.json"
         if text:
             path.write_text(text)
-        assert outcome_from_text(text) == _read_outcome(path, 0, "")
+        assert outcome_from_text(text) == read_outcome(path, 0, "")
 
 
 def test_a_syntax_error_shows_its_line(client, alice):

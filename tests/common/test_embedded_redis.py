@@ -173,3 +173,26 @@ def test_the_watcher_leaves_when_its_redis_is_stopped(tmp_path):
     assert len(watchers) == 1
     embedded_redis.stop(tmp_path)
     assert _gone(watchers) and (tmp_path / "redis").exists()
+
+
+def test_a_redis_started_for_an_owner_ends_with_it_and_only_the_owner_stops_it(tmp_path):
+    """A test session or benchmark (LIGHTNING_EMBEDDED_REDIS_OWNER) takes its Redis with it however it ends."""
+    import signal
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        url = embedded_redis.ensure_running(tmp_path, owner=owner.pid)
+        pid = int((tmp_path / "redis" / "redis.pid").read_text())
+        watchers = _started_watchers(tmp_path / "redis")
+        assert embedded_redis.stop(tmp_path, owner=owner.pid + 1) is False and alive(pid)  # not that one's to stop
+        assert embedded_redis.ensure_running(tmp_path) == url  # shared as it is
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        assert _gone([pid, *watchers], timeout_s=5)  # the watcher looks once a second
+        assert (tmp_path / "redis").exists()
+    finally:
+        owner.kill()
+        owner.wait()
+        embedded_redis.stop(tmp_path)

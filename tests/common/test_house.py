@@ -111,3 +111,57 @@ def test_no_module_is_over_450_lines(top):
              for path in (ROOT / top).rglob("*.py") if "migrations" not in path.parts}
     assert sizes, f"{top}/ holds no module"
     assert {path: lines for path, lines in sizes.items() if lines > MAX_LINES} == {}
+
+
+def _house_files():
+    for top in (*PACKAGES, "bench"):
+        yield from ((path, top) for path in (ROOT / top).rglob("*.py") if "migrations" not in path.parts)
+
+
+def private_imports(path: Path, module: str) -> list[str]:
+    """`from other import _name` in the file: a private name of another module (its owner's to change)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != module:
+            found += [f"{node.module}.{alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def stray_strings(path: Path) -> list[int]:
+    """Lines of string statements that document nothing: not a body's first statement (a docstring) and not right
+    under the assignment they describe (an attribute docstring)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        body = getattr(node, "body", None)
+        for before, statement in zip(body, body[1:]) if isinstance(body, list) else ():
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) \
+                    and isinstance(statement.value.value, str) \
+                    and not (isinstance(before, (ast.Assign, ast.AnnAssign)) and statement.lineno == before.end_lineno + 1):
+                found.append(statement.lineno)
+    return found
+
+
+def test_the_checks_find_a_private_import_and_a_docstring_away_from_its_name(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Module."""\nfrom a.b import _hidden, shown, __version__\nfrom sample import _mine\n'
+                      'X = 1\n"""X."""\nY = 2\n\n"""Y, one line too far."""\ndef f():\n    """f."""\n\n\n'
+                      '"""Under f: whose?"""\n')
+    assert private_imports(sample, "sample") == ["a.b._hidden"]
+    assert stray_strings(sample) == [8, 13]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = {}
+    for path, top in _house_files():
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if top == "bench":
+            module = module.removeprefix("bench.")
+        if names := private_imports(path, module):
+            found[str(path.relative_to(ROOT))] = names
+    assert found == {}
+
+
+def test_every_docstring_sits_right_under_what_it_documents():
+    found = {str(path.relative_to(ROOT)): lines for path, _ in _house_files() if (lines := stray_strings(path))}
+    assert found == {}

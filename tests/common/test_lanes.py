@@ -53,6 +53,30 @@ def test_a_lane_data_dir_keeps_the_checkouts_agents_and_models(tmp_path):
                    str(tmp_path / "data" / "models")]
 
 
+LANE_PROBE = """
+import os, subprocess, sys
+import tests.lanes
+print(tests.lanes.lane(), os.environ["LIGHTNING_DATA_DIR"], flush=True)
+for env in map(eval, sys.argv[1:]):  # processes this one starts, with its environment (and what they change)
+    subprocess.run([sys.executable, __file__], env={**os.environ, **env}, check=True)
+"""
+
+
+def test_a_process_a_lane_starts_is_no_second_lane_inside_it(tmp_path):
+    """A lane's test that starts `./lw test` (tests/common/test_tiers.py) or any process importing tests.lanes hands
+    it the lane's environment: it keeps the lane's data dir (and its embedded Redis) instead of deriving a lane
+    folder inside the lane folder (data/lanes/gw0/lanes/gw0, issue 40.12). A nested xdist run's workers are lanes."""
+    (tmp_path / "probe.py").write_text(LANE_PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_", "PYTEST_XDIST"))}
+    env.update(PYTEST_XDIST_WORKER="gw0", PYTEST_XDIST_TESTRUNUID="run-a", LIGHTNING_DATA_DIR=str(tmp_path / "data"),
+               PYTHONPATH=str(ROOT))
+    children = [repr({}), repr({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_TESTRUNUID": "run-b"})]
+    out = subprocess.run([sys.executable, str(tmp_path / "probe.py"), *children], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    lane_dir = tmp_path / "data" / "lanes" / "gw0"
+    assert out == [f"0 {lane_dir}", f"None {lane_dir}", f"1 {lane_dir / 'lanes' / 'gw1'}"]
+
+
 def test_listed_modules_start_first_longest_first_and_the_rest_keep_their_order(monkeypatch):
     monkeypatch.setattr(lanes, "ORDER", ("tests/b.py", "tests/c.py"))
     items = [SimpleNamespace(nodeid=n) for n in ("tests/a.py::t1", "tests/c.py::t1", "tests/b.py::t1",

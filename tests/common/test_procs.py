@@ -87,6 +87,24 @@ def test_pids_matching_finds_a_command_line_by_its_fragments(spawn):
     assert procs.cmdline(proc.pid).endswith(f"{marker} second-arg")
 
 
+def test_a_process_is_found_by_its_folder_its_environment_and_its_start(tmp_path):
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print(0, flush=True); time.sleep(300)",
+                             f"--data={data}/x"], cwd=work, env={"MARK": "a=b"}, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()  # started: /proc shows its own environment and command line, not ours from the fork
+        assert procs.cwd(proc.pid) == str(work) and procs.environ(proc.pid) == {"MARK": "a=b"}
+        assert procs.names_folder(proc.pid, [work]) and procs.names_folder(proc.pid, [data])  # cwd, an option
+        assert not procs.names_folder(proc.pid, [tmp_path / "wor"]) and not procs.names_folder(proc.pid, ["/nowhere"])
+        assert procs.proc_stat(proc.pid).started >= procs.proc_stat(os.getpid()).started
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert procs.cwd(proc.pid) == "" and procs.environ(proc.pid) == {} and not procs.names_folder(proc.pid, [work])
+
+
 def test_group_members_and_descendants_list_the_whole_family(spawn):
     proc, (leader, child, grandchild) = spawn(FAMILY)
     assert leader == proc.pid
