@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ class ProcStat:
     pgid: int
     cpu_ticks: int
     """User plus system CPU time in clock ticks (os.sysconf('SC_CLK_TCK') per second)."""
+    started: int
+    """Start time in clock ticks after boot: with the pid, it names one process even once the pid is reused."""
 
     @property
     def running(self) -> bool:
@@ -61,7 +64,7 @@ def proc_stat(pid: int | str) -> ProcStat | None:
     fields = rest.split()
     try:
         return ProcStat(pid=int(head.split(" (", 1)[0]), state=fields[0], ppid=int(fields[1]), pgid=int(fields[2]),
-                        cpu_ticks=int(fields[11]) + int(fields[12]))
+                        cpu_ticks=int(fields[11]) + int(fields[12]), started=int(fields[19]))
     except (IndexError, ValueError):
         return None
 
@@ -97,6 +100,46 @@ def cmdline(pid: int) -> str:
         return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+def cwd(pid: int) -> str:
+    """The process's working directory ('' when gone or not ours to read)."""
+    try:
+        return os.readlink(PROC / str(pid) / "cwd")
+    except OSError:
+        return ""
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment the process started with ({} when gone or not ours to read)."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {key: value for key, _, value in pairs}
+
+
+def names_folder(pid: int, folders: Iterable[str | Path]) -> bool:
+    """True when the process works in one of the folders (or below) or names such a path on its command line."""
+    roots = [str(folder).rstrip("/") for folder in folders]
+    try:
+        argv = (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    paths = [cwd(pid), *(arg.partition("=")[2] if arg.startswith("-") else arg for arg in argv)]
+    return any(path == root or path.startswith(root + "/") for path in paths if path for root in roots)
+
+
+def name_os_thread(name: str | None = None) -> None:
+    """Give the calling thread `name` (default: its Python name) as its kernel name, cut to 15 bytes, so that
+    /proc/<pid>/task/<tid>/comm and `top -H` tell a worker's threads apart (Python before 3.14 names threads only for
+    itself). Threads it starts later, OpenMP's among them, inherit the name. A no-op where /proc is missing."""
+    text = (name or threading.current_thread().name).encode()[:15].decode(errors="ignore")
+    try:
+        (PROC / "self" / "task" / str(threading.get_native_id()) / "comm").write_text(text)
+    except OSError:
+        pass
 
 
 def pids_matching(*fragments: str) -> list[int]:
