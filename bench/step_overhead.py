@@ -98,8 +98,10 @@ class Product:
     def setup(self) -> None:
         for key in ("DATABASE_URL", "REDIS_URL"):  # a fresh data dir: its own SQLite and embedded Redis
             os.environ.pop(key, None)
+        # The embedded Redis ends with this process, however it ends (lightning_web/embedded_redis.py).
         os.environ.update(LIGHTNING_DATA_DIR=str(self.data_dir), LIGHTNING_MODELS_DIR=str(self.models_dir),
-                          DJANGO_SETTINGS_MODULE="lightning_web.settings")
+                          DJANGO_SETTINGS_MODULE="lightning_web.settings",
+                          LIGHTNING_EMBEDDED_REDIS_OWNER=str(os.getpid()))
         import django
 
         django.setup()
@@ -358,12 +360,12 @@ def main() -> None:
     config_dict = {**DEMO_CONFIG, **json.loads(args.config), "steps": args.steps}
     product = Product(data_dir, Path(args.models_dir).resolve())
     print(f"data dir {data_dir}; config {config_dict}", flush=True)
-    product.setup()
-    from trainer.config import TrainerConfig
-
-    config = TrainerConfig.from_dict(config_dict)
     results: dict[str, list[dict[str, float]]] = {}
     try:
+        product.setup()
+        from trainer.config import TrainerConfig
+
+        config = TrainerConfig.from_dict(config_dict)
         if args.only != "product":
             print("bare loop: engine start, then steps", flush=True)
             bare = BareLoop(product.model_folder(), config, data_dir / "bare", train_tasks())

@@ -13,6 +13,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from common.procs import name_os_thread
 from proxy.app import ProxyApp
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class ProxyServer:
 
     def start(self, timeout: float = 30.0) -> ProxyServer:
         def run() -> None:
+            name_os_thread()  # proxy:<port>, for top -H and bench/run_profile.py
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
             try:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connection
+
+from common.procs import name_os_thread
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,20 @@ def db(fn: Callable[..., T]) -> Callable[..., Any]:
     """`sync_to_async(fn)` whose calls reconnect as `call_with_reconnect` does (the run's async code's ORM calls)."""
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> T:
+        _name_orm_thread()
         return call_with_reconnect(fn, *args, **kwargs)
 
     return sync_to_async(call)
+
+
+_named = threading.local()
+"""Whether this thread was given its kernel name already (one write per thread, not one per call)."""
+
+
+def _name_orm_thread() -> None:
+    """Name the thread these calls run on `orm` for the kernel (asgiref's one thread for thread-sensitive calls
+    outside async_to_sync): a worker's recorder writes there, which `top -H` and bench/run_profile.py then show.
+    Never the main thread, whose name is the process's."""
+    if not getattr(_named, "done", False) and threading.current_thread() is not threading.main_thread():
+        name_os_thread("orm")
+    _named.done = True
