@@ -73,6 +73,7 @@ def test_a_kubernetes_harness_pods_cannot_reach_is_refused_with_the_fix(alice, m
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")  # a model folder the run accepts (issue 40.5)
     harness = catalog_services.create_harness(alice, name="pod", command=["agent"], executor="kubernetes", image="img:1")
     run = services.create_run(alice, name="k8s", model=str(tmp_path / "m"), config={}, harness=harness,
                               dataset=make_dataset(alice), reward_script=make_reward(alice))
