@@ -23,18 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ORDER = (
     "tests/trainer/test_gemma3_import.py",  # 508 s
     "tests/runs/test_repo_agent_run.py",  # 396 s
-    "tests/runs/test_disk_run.py",  # 291 s (2026-12-07: with the 32-in-flight workdir run)
     "tests/e2e/test_faults_infra.py",  # 381 s
+    "tests/runs/test_disk_run.py",  # 291 s (2026-12-07: with the 32-in-flight workdir run)
     "tests/trainer/test_engine_vllm.py",  # 264 s
     "tests/trainer/test_sampling_distribution.py",  # 226 s
     "tests/dashboard/test_export_memory.py",  # 154 s
     "tests/runs/test_durable_worker.py",  # 148 s
     "tests/runs/test_host_formats.py",  # 132 s
     "tests/common/test_session_leftovers.py",  # 129 s (one process, on this machine beside other sessions)
-    "tests/runs/test_checkpoint_model_run.py",  # 82 s
     "tests/e2e/test_engine_replicas.py",  # 119 s
     "tests/runs/test_orchestrator.py",  # 114 s
     "tests/browser/test_new_user_path_in_chromium.py",  # 102 s
+    "tests/runs/test_checkpoint_model_run.py",  # 82 s
     "tests/e2e/test_no_secrets_in_logs.py",  # 93 s
     "tests/browser/test_run_page_in_chromium.py",  # 92 s
     "tests/e2e/test_faults_user_code.py",  # 91 s
