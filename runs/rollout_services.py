@@ -10,7 +10,7 @@ import logging
 import secrets
 
 from django.db import DataError, transaction
-from django.db.models import Case, F, PositiveIntegerField, Q, Value, When
+from django.db.models import Case, F, PositiveIntegerField, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -216,16 +216,12 @@ def record_step(run_id: int, step: int, policy_version: int, samples: list[dict]
     _store_drift(drift, run_id, generation)
     _store_batch(run_id, step, batch or {}, generation)
     with transaction.atomic():
-        done = Run.objects.filter(_holding(generation), pk=run_id, step__lt=step).update(
+        done = Run.objects.filter(services.held_by(generation), pk=run_id, step__lt=step).update(
             step=step, policy_version=policy_version, updated_at=timezone.now())
         if not done:
             _check_held(run_id, generation)
             return  # recorded by the call this one retries
         services.record_metrics(run_id, step, metrics)
-
-
-def _holding(generation: int | None) -> Q:
-    return Q() if generation is None else services.held_by(generation)
 
 
 def _check_held(run_id: int, generation: int | None) -> None:
@@ -234,7 +230,7 @@ def _check_held(run_id: int, generation: int | None) -> None:
     proxy's recorder locks them (rollouts, then the run for its events)."""
     if generation is None:
         return
-    if not Run.objects.select_for_update(no_key=True).filter(_holding(generation), pk=run_id).order_by() \
+    if not Run.objects.select_for_update(no_key=True).filter(services.held_by(generation), pk=run_id).order_by() \
             .values_list("pk"):
         raise services.NotHeld(f"run {run_id} is no longer held by worker start {generation}: not recorded")
 

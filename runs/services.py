@@ -58,9 +58,9 @@ class NotHeld(InvalidTransition):
     the write was refused; the worker stops without touching the run."""
 
 
-def held_by(generation: int) -> Q:
-    """The runs worker start `generation` holds: its writes expect it, as its heartbeat does."""
-    return Q(worker_starts=generation, status__in=HELD)
+def held_by(generation: int | None) -> Q:
+    """The runs worker start `generation` holds: its writes expect it, as its heartbeat does (None: any run)."""
+    return Q() if generation is None else Q(worker_starts=generation, status__in=HELD)
 
 
 ROLLOUT_FINISHED = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED,
